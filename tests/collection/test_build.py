@@ -1,0 +1,89 @@
+"""The built collection tarball: clean contents, installable, documented by ansible-doc."""
+
+import json
+import pathlib
+import subprocess
+import tarfile
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+MODULES = sorted(p.stem for p in (REPO / "plugins" / "modules").glob("[!_]*.py"))
+ROLES = sorted(p.parent.parent.name for p in (REPO / "roles").glob("*/meta/argument_specs.yml"))
+NOT_SHIPPED = (".venv/", ".collections/", "build/", "__pycache__", ".pyc", ".git/", "tests/output/")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, ansible_env, tool):
+    """Build the tarball and install it into a fresh collections path."""
+    out = tmp_path_factory.mktemp("collection")
+    subprocess.run(
+        [tool("ansible-galaxy"), "collection", "build", "--output-path", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        env=ansible_env,
+    )
+    tarball = next(out.glob("zerolayer-fleet-*.tar.gz"))
+    collections = out / "collections"
+    subprocess.run(
+        [
+            tool("ansible-galaxy"),
+            "collection",
+            "install",
+            "--offline",
+            "--no-deps",
+            "-p",
+            str(collections),
+            str(tarball),
+        ],
+        check=True,
+        capture_output=True,
+        env=ansible_env,
+    )
+    env = dict(ansible_env)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(collections)
+    env.pop("ANSIBLE_CONFIG", None)
+    return tarball, collections, env
+
+
+def test_tarball_holds_no_venv_cache_or_test_output(installed):
+    tarball, _, _ = installed
+    with tarfile.open(tarball) as archive:
+        names = archive.getnames()
+    leaked = [n for n in names if any(marker in n for marker in NOT_SHIPPED)]
+    assert not leaked, f"tarball carries files that build_ignore should drop: {leaked[:20]}"
+    assert "MANIFEST.json" in names
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_documentation_renders(installed, module, tmp_path, tool):
+    _, _, env = installed
+    result = subprocess.run(
+        [tool("ansible-doc"), "--json", f"zerolayer.fleet.{module}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)[f"zerolayer.fleet.{module}"]["doc"]
+    assert doc["short_description"]
+    assert doc["options"], f"{module} documents no options"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_argument_specs_render(installed, role, tmp_path, tool):
+    _, _, env = installed
+    result = subprocess.run(
+        [tool("ansible-doc"), "-t", "role", "--json", f"zerolayer.fleet.{role}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(result.stdout)[f"zerolayer.fleet.{role}"]
+    assert entry["entry_points"]["main"]["options"], f"{role} documents no options"
