@@ -1,0 +1,242 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Finding an engine's listening socket and registering it in a route's slot.
+
+The socket is borrowed with pidfd_getfd, checked, inserted into the sockmap and
+our copy closed at once: a copy kept open would hold a dead engine's listener
+alive, in LISTEN and in the map, and keep drawing connections to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    SOCKETS_MAP,
+    opened_map,
+    writer_lock,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    MAX_SLOTS,
+    SOCKET_VALUE,
+    socket_key,
+    validate_port,
+    validate_slot,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+    SELF_NETNS,
+    link_state,
+    netns_inode,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import require_route
+
+FAMILIES = {"inet": socket.AF_INET, "inet6": socket.AF_INET6}
+_PROC_NET_FILES = {"inet": "tcp", "inet6": "tcp6"}
+_TCP_LISTEN = "0A"
+_SO_COOKIE = 57
+_SO_PROTOCOL = 38
+_SO_DOMAIN = 39
+_SIOCGSKNS = 0x894C
+_POLL_INTERVAL_S = 0.2
+
+
+def main_pid_of_unit(unit, runner=None):
+    """The MainPID systemd reports for unit; fails when the unit has no running main process."""
+    argv = ["systemctl", "show", "-p", "MainPID", "--value", unit]
+    rc, out, err = (runner or run_command)(argv)
+    pid = out.strip()
+    if rc != 0 or not pid.isdigit() or int(pid) == 0:
+        raise FleetError(
+            "unit %s has no running main process (systemctl show MainPID gave %r)"
+            % (unit, pid or err.strip()),
+            {"field": "unit", "cmd": argv, "rc": rc, "stdout": out, "stderr": err},
+        )
+    return int(pid)
+
+
+def listening_inodes(pid, port, family=None):
+    """Inodes of TCP sockets in LISTEN on port, as seen in pid's netns: [(family, inode)]."""
+    found = []
+    for name in [family] if family else sorted(_PROC_NET_FILES):
+        path = "/proc/%d/net/%s" % (pid, _PROC_NET_FILES[name])
+        try:
+            with open(path) as handle:
+                lines = handle.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue  # no such process, or IPv6 disabled
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == _TCP_LISTEN and fields[9] != "0":
+                found.append((name, int(fields[9])))
+    return found
+
+
+def fd_of_inode(pid, inode):
+    """The fd number under which pid holds socket inode, or None."""
+    target = "socket:[%d]" % inode
+    fd_dir = "/proc/%d/fd" % pid
+    try:
+        names = os.listdir(fd_dir)
+    except FileNotFoundError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(os.path.join(fd_dir, name)) == target:
+                return int(name)
+        except OSError:
+            continue  # closed meanwhile
+    return None
+
+
+def wait_for_listener(pid, port, family=None, timeout=30.0):
+    """Poll until pid holds a TCP socket listening on port; return (family, fd number)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not os.path.exists("/proc/%d" % pid):
+            raise FleetError("pid %d is not running" % pid, {"field": "pid", "value": pid})
+        for found_family, inode in listening_inodes(pid, port, family):
+            fd = fd_of_inode(pid, inode)
+            if fd is not None:
+                return found_family, fd
+        if time.monotonic() >= deadline:
+            raise FleetError(
+                "pid %d holds no TCP socket listening on port %d%s after %s seconds"
+                % (pid, port, " (family %s)" % family if family else "", timeout),
+                {"field": "listen_port", "value": port, "pid": pid},
+            )
+        time.sleep(_POLL_INTERVAL_S)
+
+
+def socket_netns_inode(fd):
+    """Inode of the netns a socket lives in (SIOCGSKNS gives an fd of that netns)."""
+    ns_fd = fcntl.ioctl(fd, _SIOCGSKNS)
+    try:
+        return os.fstat(ns_fd).st_ino
+    finally:
+        os.close(ns_fd)
+
+
+def describe_socket(fd):
+    """family, type, protocol, listening, netns inode and cookie of the socket behind fd."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        return {
+            "family": sock.getsockopt(socket.SOL_SOCKET, _SO_DOMAIN),
+            "type": sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE),
+            "protocol": sock.getsockopt(socket.SOL_SOCKET, _SO_PROTOCOL),
+            "listening": bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)),
+            "netns_ino": socket_netns_inode(fd),
+            "cookie": struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, _SO_COOKIE, 8))[0],
+        }
+    finally:
+        sock.close()
+
+
+def check_engine_socket(info, family, want_netns):
+    """Refuse anything the router could not, or should not, hand connections to."""
+    problems = []
+    if info["type"] != socket.SOCK_STREAM or info["protocol"] != socket.IPPROTO_TCP:
+        problems.append("it is not a TCP socket")
+    if not info["listening"]:
+        problems.append("it is not listening")
+    if family and info["family"] != FAMILIES[family]:
+        problems.append("its family is not %s" % family)
+    if info["netns_ino"] != want_netns:
+        problems.append(
+            "it lives in netns %d, not the router's netns %d" % (info["netns_ino"], want_netns)
+        )
+    if problems:
+        raise FleetError("refusing the engine socket: %s" % "; ".join(problems), {"socket": info})
+
+
+def router_netns_inode(layout):
+    """The netns the router is attached to; this process's own when it is not attached."""
+    link = link_state(layout)
+    if link and link["attached"]:
+        return link["netns_ino"]
+    return netns_inode(SELF_NETNS)
+
+
+def read_slots(layout, route_index):
+    """{slot: socket cookie} of the live sockets registered for a route."""
+    slots = {}
+    with opened_map(layout, SOCKETS_MAP) as fd:
+        for slot in range(MAX_SLOTS):
+            raw = bpf_syscall.map_lookup(fd, socket_key(route_index, slot), SOCKET_VALUE.size)
+            if raw is not None:
+                slots[slot] = SOCKET_VALUE.unpack(raw)[0]
+    return slots
+
+
+def register_engine_socket(
+    layout, route, pid, listen_port, slot=0, family=None, timeout=30.0, check_mode=False
+):
+    """Put the socket pid listens on at listen_port into slot of route.
+
+    Returns changed, before and after (slot cookies), cookie, route_index and socket.
+    """
+    slot = validate_slot(slot)
+    listen_port = validate_port(listen_port, "listen_port")
+    if family is not None and family not in FAMILIES:
+        raise FleetError(
+            "family must be one of %s; got %r" % (", ".join(sorted(FAMILIES)), family),
+            {"field": "family", "value": family},
+        )
+    entry = require_route(layout, route)
+    want_netns = router_netns_inode(layout)
+    _found_family, target_fd = wait_for_listener(pid, listen_port, family, timeout)
+    pidfd = bpf_syscall.pidfd_open(pid)
+    try:
+        engine_fd = bpf_syscall.pidfd_getfd(pidfd, target_fd)
+    finally:
+        os.close(pidfd)
+    try:
+        info = describe_socket(engine_fd)
+        check_engine_socket(info, family, want_netns)
+        with writer_lock(layout):
+            before = read_slots(layout, entry.route_index).get(slot)
+            changed = before != info["cookie"]
+            if changed and not check_mode:
+                with opened_map(layout, SOCKETS_MAP) as map_fd:
+                    # One update replaces whatever the slot held: no moment without a socket.
+                    bpf_syscall.map_update(
+                        map_fd, socket_key(entry.route_index, slot), SOCKET_VALUE.pack(engine_fd)
+                    )
+    finally:
+        os.close(engine_fd)
+    return {
+        "changed": changed,
+        "before": before,
+        "after": info["cookie"],
+        "cookie": info["cookie"],
+        "route_index": entry.route_index,
+        "socket": info,
+    }
+
+
+def unregister_engine_socket(layout, route, slot=0, check_mode=False):
+    """Empty slot of route; new connections then use the route's other slots or the proxy."""
+    slot = validate_slot(slot)
+    entry = require_route(layout, route)
+    with writer_lock(layout):
+        before = read_slots(layout, entry.route_index).get(slot)
+        if before is not None and not check_mode:
+            with opened_map(layout, SOCKETS_MAP) as map_fd:
+                bpf_syscall.map_delete(
+                    map_fd, socket_key(entry.route_index, slot), bpf_syscall.SOCKMAP_ABSENT_ERRNOS
+                )
+    return {
+        "changed": before is not None,
+        "before": before,
+        "after": None,
+        "cookie": None,
+        "route_index": entry.route_index,
+    }

@@ -1,0 +1,118 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Per-route counters and the decision-time histogram, summed over CPUs."""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    COUNTERS_MAP,
+    LATENCY_MAP,
+    opened_map,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    COUNTER_FIELDS,
+    COUNTERS_VALUE,
+    LATENCY_BUCKETS,
+    LATENCY_VALUE,
+    PORT_KEY,
+)
+
+
+def _per_cpu_values(fd, key, value_struct, cpus):
+    """Values of one per-CPU map slot, one per possible CPU (each padded to 8 bytes)."""
+    stride = (value_struct.size + 7) // 8 * 8
+    raw = bpf_syscall.map_lookup(fd, key, stride * cpus)
+    if raw is None:
+        return []
+    return [value_struct.unpack_from(raw, cpu * stride) for cpu in range(cpus)]
+
+
+def sum_counters(per_cpu):
+    """Add per-CPU counter tuples into one {field: total}."""
+    totals = dict.fromkeys(COUNTER_FIELDS, 0)
+    for values in per_cpu:
+        for field, value in zip(COUNTER_FIELDS, values):
+            totals[field] += value
+    return totals
+
+
+def read_counters(layout, route_index):
+    """{lookups, to_engine, to_proxy_by_weight, fallback_no_socket, assign_errors} of one route."""
+    cpus = bpf_syscall.possible_cpus()
+    with opened_map(layout, COUNTERS_MAP) as fd:
+        return sum_counters(_per_cpu_values(fd, PORT_KEY.pack(route_index), COUNTERS_VALUE, cpus))
+
+
+def read_latency_buckets(layout):
+    """Decision counts per log2 bucket: element b counts decisions of [2^b, 2^(b+1)) ns."""
+    cpus = bpf_syscall.possible_cpus()
+    buckets = [0] * LATENCY_BUCKETS
+    with opened_map(layout, LATENCY_MAP) as fd:
+        for bucket in range(LATENCY_BUCKETS):
+            for (count,) in _per_cpu_values(fd, PORT_KEY.pack(bucket), LATENCY_VALUE, cpus):
+                buckets[bucket] += count
+    return buckets
+
+
+def bucket_upper_bound_ns(bucket):
+    return 2 ** (bucket + 1)
+
+
+def histogram_percentile(buckets, quantile):
+    """Upper bound in ns of the bucket holding the quantile (0 < q <= 1); None when empty.
+
+    A log2 histogram cannot say more than "at most this": the bound errs high by
+    less than a factor of two, never low.
+    """
+    if not 0 < quantile <= 1:
+        raise ValueError("quantile must be in (0, 1]")
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank = quantile * total
+    seen = 0
+    for bucket, count in enumerate(buckets):
+        seen += count
+        if count and seen >= rank:
+            return bucket_upper_bound_ns(bucket)
+    return bucket_upper_bound_ns(len(buckets) - 1)
+
+
+def latency_summary(buckets):
+    """count, p50/p99 (bucket upper bounds, ns) and the non-empty buckets as {le_ns, count}."""
+    return {
+        "count": sum(buckets),
+        "p50_ns": histogram_percentile(buckets, 0.50),
+        "p99_ns": histogram_percentile(buckets, 0.99),
+        "buckets": [
+            {"le_ns": bucket_upper_bound_ns(bucket), "count": count}
+            for bucket, count in enumerate(buckets)
+            if count
+        ],
+    }
+
+
+class RunTimeStats:
+    """Keeps the kernel's per-program run_time_ns/run_cnt accounting on while open.
+
+    BPF_ENABLE_STATS counts as a holder of the kernel.bpf_stats_enabled switch
+    without writing the sysctl; it costs roughly 20 ns per program run.
+    """
+
+    def __init__(self):
+        self.fd = None
+
+    def __enter__(self):
+        self.fd = bpf_syscall.enable_run_time_stats()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -1,0 +1,174 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Byte layouts of the router's maps and the checks on route input.
+
+Mirrors files/bpf/zerolayer_router.h exactly (docs/dataplane.md explains each
+field). Pure Python: nothing here touches the kernel.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from decimal import Decimal, InvalidOperation
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+ROUTE_NAME_LEN = 32
+MAX_ROUTES = 64
+MAX_SLOTS = 8
+WEIGHT_SCALE = 10000
+LATENCY_BUCKETS = 64
+
+# Maps hold host-endian values; '=' is native order with standard sizes and no padding,
+# which matches the C structs because every field there is naturally aligned.
+PORT_KEY = struct.Struct("=I")
+SOCKET_KEY = struct.Struct("=I")
+SOCKET_VALUE = struct.Struct("=Q")  # cookie when read, fd when written
+ROUTE_VALUE = struct.Struct("=%dsIIQII" % ROUTE_NAME_LEN)
+COUNTERS_VALUE = struct.Struct("=5Q")
+LATENCY_VALUE = struct.Struct("=Q")
+COUNTER_FIELDS = (
+    "lookups",
+    "to_engine",
+    "to_proxy_by_weight",
+    "fallback_no_socket",
+    "assign_errors",
+)
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class Route:
+    """One entry of the route map."""
+
+    __slots__ = ("generation", "name", "port", "route_index", "weight_bp")
+
+    def __init__(self, name, port, weight_bp, generation, route_index):
+        self.name = name
+        self.port = port
+        self.weight_bp = weight_bp
+        self.generation = generation
+        self.route_index = route_index
+
+    def __eq__(self, other):
+        return isinstance(other, Route) and self.as_tuple() == other.as_tuple()
+
+    def __repr__(self):
+        return "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d)" % self.as_tuple()
+
+    def as_tuple(self):
+        return (self.name, self.port, self.weight_bp, self.generation, self.route_index)
+
+    def as_dict(self):
+        return {
+            "name": self.name,
+            "port": self.port,
+            "weight_bp": self.weight_bp,
+            "weight": bp_to_percent(self.weight_bp),
+            "generation": self.generation,
+            "route_index": self.route_index,
+        }
+
+
+def encode_route(route):
+    return ROUTE_VALUE.pack(
+        route.name.encode("ascii"),
+        route.port,
+        route.weight_bp,
+        route.generation,
+        route.route_index,
+        0,
+    )
+
+
+def decode_route(raw):
+    name, port, weight_bp, generation, route_index, _reserved = ROUTE_VALUE.unpack(
+        raw[: ROUTE_VALUE.size]
+    )
+    return Route(
+        name.split(b"\0", 1)[0].decode("ascii", "replace"), port, weight_bp, generation, route_index
+    )
+
+
+def encode_port(port):
+    return PORT_KEY.pack(port)
+
+
+def socket_key(route_index, slot):
+    """Sockmap key of a route's slot (zl_socket_key in the C header)."""
+    return SOCKET_KEY.pack(route_index * MAX_SLOTS + slot)
+
+
+def parse_weight(value, field="weight"):
+    """A percentage (0-100, at most two decimals; int, float or str) as basis points."""
+    allowed = "a percentage from 0 to 100 with at most two decimals, e.g. 0, 5, 12.5 or 99.99"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, Decimal)):
+        raise FleetError(
+            "%s must be %s; got %r" % (field, allowed, value),
+            {"field": field, "value": repr(value)},
+        )
+    try:
+        # str() of a float gives its shortest round-trip form: 12.34 stays 12.34, not 12.339999...
+        percent = Decimal(value.strip() if isinstance(value, str) else str(value))
+    except InvalidOperation:
+        percent = None
+    if percent is None or not percent.is_finite() or not Decimal(0) <= percent <= Decimal(100):
+        raise FleetError(
+            "%s must be %s; got %r" % (field, allowed, value),
+            {"field": field, "value": repr(value)},
+        )
+    basis_points = percent * 100
+    if basis_points != basis_points.to_integral_value():
+        raise FleetError(
+            "%s must be %s; got %r (more than two decimals)" % (field, allowed, value),
+            {"field": field, "value": repr(value)},
+        )
+    return int(basis_points)
+
+
+def bp_to_percent(weight_bp):
+    """Basis points as a percentage number: 1250 -> 12.5, 10000 -> 100."""
+    percent = weight_bp / 100.0
+    return int(percent) if percent == int(percent) else percent
+
+
+def validate_route_name(name, field="name"):
+    allowed = (
+        "1-%d characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
+        % (ROUTE_NAME_LEN - 1)
+    )
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) >= ROUTE_NAME_LEN
+        or not _NAME_PATTERN.match(name)
+    ):
+        raise FleetError(
+            "%s must be %s; got %r" % (field, allowed, name), {"field": field, "value": repr(name)}
+        )
+    return name
+
+
+def validate_port(port, field="port"):
+    if isinstance(port, bool):
+        port = None
+    try:
+        number = int(port)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or str(number) != str(port).strip() or not 1 <= number <= 65535:
+        raise FleetError(
+            "%s must be a TCP port number from 1 to 65535; got %r" % (field, port),
+            {"field": field, "value": repr(port)},
+        )
+    return number
+
+
+def validate_slot(slot, field="slot"):
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < MAX_SLOTS:
+        raise FleetError(
+            "%s must be an integer from 0 to %d; got %r" % (field, MAX_SLOTS - 1, slot),
+            {"field": field, "value": repr(slot)},
+        )
+    return slot

@@ -1,0 +1,247 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Load, attach, upgrade, detach and remove the router, and read its state.
+
+An upgrade loads the new object against the pinned maps and swaps it into the
+existing link with BPF_LINK_UPDATE: the netns is never without the program, and
+routes, engine sockets and counters carry over.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    ensure_pin_dirs,
+    missing_pins,
+    opened,
+    require_bpffs,
+    unlink_if_present,
+    writer_lock,
+)
+
+SELF_NETNS = "/proc/self/ns/net"
+
+
+def netns_inode(netns_path, field="netns"):
+    try:
+        return os.stat(netns_path).st_ino
+    except OSError as exc:
+        raise FleetError(
+            "%s %s cannot be opened: %s; give a netns file such as /run/netns/NAME "
+            "or /proc/PID/ns/net" % (field, netns_path, exc.strerror),
+            {"field": field, "path": netns_path},
+        ) from None
+
+
+def program_state(layout):
+    """The pinned program's id, tag, name and statistics, or None when none is pinned."""
+    if not os.path.exists(layout.prog):
+        return None
+    with opened(layout.prog) as fd:
+        info = bpf_syscall.prog_info(fd)
+    return {key: info[key] for key in ("id", "tag", "name", "run_cnt", "run_time_ns")}
+
+
+def link_state(layout):
+    """The pinned link: id, program, netns inode and whether it is still attached."""
+    if not os.path.exists(layout.link):
+        return None
+    with opened(layout.link) as fd:
+        info = bpf_syscall.link_info(fd)
+    netns_ino = info.get("netns_ino", 0)
+    # A force-detached link, or one whose netns is gone, reports netns inode 0.
+    return {
+        "id": info["id"],
+        "prog_id": info["prog_id"],
+        "netns_ino": netns_ino,
+        "attached": netns_ino != 0,
+    }
+
+
+def router_state(layout):
+    """Everything that tells whether and how the router runs; used as diff before/after."""
+    program = program_state(layout)
+    link = link_state(layout)
+    return {
+        "pin_dir": layout.pin_dir,
+        "program": program,
+        "link": link,
+        "attached": bool(
+            link and link["attached"] and program and link["prog_id"] == program["id"]
+        ),
+        "maps_pinned": not missing_pins(layout),
+    }
+
+
+def _load_fresh(layout, object_path, runner):
+    """Load into an empty or map-only pin dir; reuse maps only if all of them are there."""
+    missing = missing_pins(layout)
+    if missing and len(missing) != len(layout.map_paths()):
+        raise FleetError(
+            "pin_dir %s holds only some router maps (missing: %s); remove it with state=absent "
+            "(this drops routes) and attach again" % (layout.pin_dir, ", ".join(missing)),
+            {"field": "pin_dir", "missing": missing},
+        )
+    load_program(object_path, layout.prog, layout, reuse_maps=not missing, runner=runner)
+
+
+def _create_link(layout, netns_path):
+    netns_fd = os.open(netns_path, os.O_RDONLY)
+    try:
+        with opened(layout.prog) as prog_fd:
+            link_fd = bpf_syscall.link_create(prog_fd, netns_fd, bpf_syscall.BPF_SK_LOOKUP)
+        try:
+            bpf_syscall.obj_pin(link_fd, layout.link)
+        except FleetError:
+            bpf_syscall.link_detach(link_fd)
+            raise
+        finally:
+            os.close(link_fd)
+    finally:
+        os.close(netns_fd)
+
+
+def _upgrade_if_different(layout, object_path, link, want_netns, check_mode, runner):
+    """Trial-load the object; swap it in if its tag differs. Returns the actions taken."""
+    unlink_if_present(layout.next_prog)  # left over by an interrupted run
+    current_tag = program_state(layout)["tag"]
+    load_program(object_path, layout.next_prog, layout, reuse_maps=True, runner=runner)
+    try:
+        with opened(layout.next_prog) as new_fd:
+            new_tag = bpf_syscall.prog_info(new_fd)["tag"]
+            if new_tag == current_tag:
+                return []
+            actions = ["upgrade program %s -> %s" % (current_tag, new_tag)]
+            if check_mode:
+                return actions
+            if link and link["attached"] and link["netns_ino"] == want_netns:
+                with opened(layout.prog) as old_fd, opened(layout.link) as link_fd:
+                    bpf_syscall.link_update(link_fd, new_fd, old_prog_fd=old_fd)
+                actions.append("swap program in link %d" % link["id"])
+            # bpffs has no rename: re-pin the new program under the stable name.
+            os.unlink(layout.prog)
+            bpf_syscall.obj_pin(new_fd, layout.prog)
+            return actions
+    finally:
+        unlink_if_present(layout.next_prog)
+
+
+def attach(layout, object_path, netns_path=SELF_NETNS, check_mode=False, runner=None):
+    """Make the router run object_path in netns_path; return changed/actions/before/after."""
+    if not os.path.isfile(object_path):
+        raise FleetError(
+            "object %s is not a file; build it with make -C files/bpf" % object_path,
+            {"field": "object", "path": object_path},
+        )
+    require_bpffs(layout)
+    want_netns = netns_inode(netns_path)
+    before = router_state(layout)
+    actions = []
+    if not check_mode:
+        if ensure_pin_dirs(layout):
+            actions.append("create %s" % layout.pin_dir)
+    lock_target = layout if os.path.isdir(layout.pin_dir) else None
+
+    def converge():
+        link = link_state(layout)
+        if program_state(layout) is None:
+            actions.append("load program")
+            if not check_mode:
+                _load_fresh(layout, object_path, runner)
+        else:
+            if missing_pins(layout):
+                raise FleetError(
+                    "pin_dir %s has a program but not all maps; remove it with state=absent "
+                    "and attach again" % layout.pin_dir,
+                    {"field": "pin_dir", "missing": missing_pins(layout)},
+                )
+            actions.extend(
+                _upgrade_if_different(layout, object_path, link, want_netns, check_mode, runner)
+            )
+        program = None if check_mode else program_state(layout)
+        if link is None:
+            actions.append("create link in netns %d" % want_netns)
+        elif not link["attached"] or link["netns_ino"] != want_netns:
+            actions.append(
+                "replace link %d (netns %d) with one in netns %d"
+                % (link["id"], link["netns_ino"], want_netns)
+            )
+            if not check_mode:
+                with opened(layout.link) as link_fd:
+                    if link["attached"]:
+                        bpf_syscall.link_detach(link_fd)
+                os.unlink(layout.link)
+        elif program is not None and link_state(layout)["prog_id"] != program["id"]:
+            actions.append("point link %d at the pinned program" % link["id"])
+            with opened(layout.link) as link_fd, opened(layout.prog) as prog_fd:
+                bpf_syscall.link_update(link_fd, prog_fd)
+        if not check_mode and not os.path.exists(layout.link):
+            _create_link(layout, netns_path)
+
+    if lock_target is None:
+        converge()
+    else:
+        with writer_lock(lock_target):
+            converge()
+    after = before if check_mode else router_state(layout)
+    return {"changed": bool(actions), "actions": actions, "before": before, "after": after}
+
+
+def _detach_link(layout, check_mode, actions):
+    link = link_state(layout)
+    if link is None:
+        return
+    if link["attached"]:
+        actions.append("detach link %d" % link["id"])
+        if not check_mode:
+            # Unpinning alone would leave the program running while any fd holds the link.
+            with opened(layout.link) as link_fd:
+                bpf_syscall.link_detach(link_fd)
+    actions.append("unpin link")
+    if not check_mode:
+        os.unlink(layout.link)
+
+
+def detach(layout, check_mode=False):
+    """Force-detach the link and unpin it; program and maps stay (routes survive)."""
+    if os.path.isdir(layout.pin_dir):
+        require_bpffs(layout)
+    before = router_state(layout)
+    actions = []
+    _detach_link(layout, check_mode, actions)
+    after = before if check_mode else router_state(layout)
+    return {"changed": bool(actions), "actions": actions, "before": before, "after": after}
+
+
+def remove(layout, check_mode=False):
+    """Detach, then unpin program and maps and remove pin_dir: routes are gone."""
+    if not os.path.isdir(layout.pin_dir):
+        state = router_state(layout)
+        return {"changed": False, "actions": [], "before": state, "after": state}
+    require_bpffs(layout)
+    before = router_state(layout)
+    actions = []
+    _detach_link(layout, check_mode, actions)
+    for path in [layout.prog, layout.next_prog, *layout.map_paths()]:
+        if os.path.exists(path):
+            actions.append("unpin %s" % os.path.basename(path))
+            if not check_mode:
+                os.unlink(path)
+    for path in (layout.maps_dir, layout.pin_dir):
+        if os.path.isdir(path):
+            actions.append("remove %s" % path)
+            if not check_mode:
+                leftovers = os.listdir(path)
+                if leftovers:
+                    raise FleetError(
+                        "%s holds pins this router does not own (%s); remove them first"
+                        % (path, ", ".join(sorted(leftovers))),
+                        {"field": "pin_dir", "path": path},
+                    )
+                os.rmdir(path)
+    after = before if check_mode else router_state(layout)
+    return {"changed": bool(actions), "actions": actions, "before": before, "after": after}

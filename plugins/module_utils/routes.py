@@ -1,0 +1,157 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Reading and writing routes: plain functions, usable without Ansible.
+
+A weight change is one BPF_MAP_UPDATE_ELEM of the route's entry, which the
+kernel swaps in atomically: a connection sees the old entry or the new one.
+Every check runs before the first write, so bad input changes nothing.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    COUNTERS_MAP,
+    ROUTES_MAP,
+    SOCKETS_MAP,
+    opened_map,
+    require_maps,
+    writer_lock,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    COUNTERS_VALUE,
+    MAX_ROUTES,
+    MAX_SLOTS,
+    PORT_KEY,
+    ROUTE_VALUE,
+    Route,
+    decode_route,
+    encode_port,
+    encode_route,
+    parse_weight,
+    socket_key,
+    validate_port,
+    validate_route_name,
+)
+
+
+def read_routes(layout):
+    """All routes, ordered by port."""
+    with opened_map(layout, ROUTES_MAP) as fd:
+        routes = []
+        for key in bpf_syscall.map_keys(fd, PORT_KEY.size):
+            raw = bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size)
+            if raw is not None:  # deleted while we walked the map
+                routes.append(decode_route(raw))
+    return sorted(routes, key=lambda route: route.port)
+
+
+def find_route(routes, name):
+    for route in routes:
+        if route.name == name:
+            return route
+    return None
+
+
+def require_route(layout, name, field="route"):
+    """The route called name, or a FleetError listing the known names."""
+    routes = read_routes(layout)
+    route = find_route(routes, name)
+    if route is None:
+        known = ", ".join(r.name for r in routes) or "none"
+        raise FleetError(
+            "%s %r is not a known route under %s (known routes: %s)"
+            % (field, name, layout.pin_dir, known),
+            {"field": field, "value": name},
+        )
+    return route
+
+
+def _free_route_index(routes):
+    used = {route.route_index for route in routes}
+    for index in range(MAX_ROUTES):
+        if index not in used:
+            return index
+    raise FleetError("all %d routes are in use; remove one first" % MAX_ROUTES, {"field": "name"})
+
+
+def _reset_route_slots_and_counters(layout, route_index):
+    """Clear what a former route with this index left behind before the index is reused."""
+    with opened_map(layout, SOCKETS_MAP) as sockets_fd:
+        for slot in range(MAX_SLOTS):
+            bpf_syscall.map_delete(
+                sockets_fd, socket_key(route_index, slot), bpf_syscall.SOCKMAP_ABSENT_ERRNOS
+            )
+    with opened_map(layout, COUNTERS_MAP) as counters_fd:
+        zeroes = COUNTERS_VALUE.pack(0, 0, 0, 0, 0) * bpf_syscall.possible_cpus()
+        bpf_syscall.map_update(counters_fd, PORT_KEY.pack(route_index), zeroes)
+
+
+def plan_route(routes, name, port=None, weight=None):
+    """The entry to write for route name (None when nothing changes); validates everything."""
+    name = validate_route_name(name)
+    port = validate_port(port) if port is not None else None
+    weight_bp = parse_weight(weight) if weight is not None else None
+    current = find_route(routes, name)
+    if port is not None:
+        holder = next(
+            (route for route in routes if route.port == port and route.name != name), None
+        )
+        if holder is not None:
+            raise FleetError(
+                "port %d is already routed by route %r; choose another port or remove %r first"
+                % (port, holder.name, holder.name),
+                {"field": "port", "value": port},
+            )
+    if current is None:
+        if port is None:
+            known = ", ".join(route.name for route in routes) or "none"
+            raise FleetError(
+                "name %r is not a known route (known routes: %s); give port to create it"
+                % (name, known),
+                {"field": "name", "value": name},
+            )
+        return Route(name, port, weight_bp or 0, 1, _free_route_index(routes))
+    if port is not None and port != current.port:
+        raise FleetError(
+            "port of route %r is %d and cannot change in place; remove the route and create it "
+            "again with port %d" % (name, current.port, port),
+            {"field": "port", "value": port},
+        )
+    if weight_bp is None or weight_bp == current.weight_bp:
+        return None
+    return Route(name, current.port, weight_bp, current.generation + 1, current.route_index)
+
+
+def set_route(layout, name, port=None, weight=None, check_mode=False):
+    """Create route name, or change its weight; returns changed/before/after (Route or None)."""
+    require_maps(layout)
+    with writer_lock(layout):
+        routes = read_routes(layout)
+        before = find_route(routes, name)
+        entry = plan_route(routes, name, port, weight)
+        if entry is None:
+            return {"changed": False, "before": before, "after": before}
+        if not check_mode:
+            if before is None:
+                _reset_route_slots_and_counters(layout, entry.route_index)
+            with opened_map(layout, ROUTES_MAP) as fd:
+                flags = bpf_syscall.BPF_NOEXIST if before is None else bpf_syscall.BPF_EXIST
+                bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(entry), flags)
+        return {"changed": True, "before": before, "after": entry}
+
+
+def remove_route(layout, name, check_mode=False):
+    """Delete route name (new connections on its port go to the proxy) and clear its slots."""
+    name = validate_route_name(name)
+    require_maps(layout)
+    with writer_lock(layout):
+        before = find_route(read_routes(layout), name)
+        if before is None:
+            return {"changed": False, "before": None, "after": None}
+        if not check_mode:
+            with opened_map(layout, ROUTES_MAP) as fd:
+                bpf_syscall.map_delete(fd, encode_port(before.port))
+            _reset_route_slots_and_counters(layout, before.route_index)
+        return {"changed": True, "before": before, "after": None}

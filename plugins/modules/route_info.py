@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: route_info
+short_description: Read the routes, engine sockets, counters and state of the sk_lookup router
+description:
+  - Reads, without changing anything, the router pinned under O(pin_dir) - whether its link is
+    attached, the
+    program's id and tag, the network namespace; every route with its weight, generation and
+    registered engine
+    socket cookies per slot; per-route counters summed over CPUs; and the decision-time histogram
+    with p50 and p99.
+version_added: 0.1.0
+author:
+  - Zerolayer Fleet Maintainers (@zerolayer)
+options:
+  name:
+    description: Only report the route with this name (an unknown name fails).
+    type: str
+  pin_dir:
+    description: Directory on a bpffs holding the router's pins.
+    type: path
+    default: /sys/fs/bpf/zerolayer
+attributes:
+  check_mode:
+    description: Can run in check_mode and return the same information.
+    support: full
+    details: The module never changes anything.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode),
+      when in diff mode.
+    support: none
+notes:
+  - Percentiles are upper bounds of log2 buckets - a reported p99 of 4096 ns means at most 4096 ns.
+  - C(router.program.run_cnt) and C(run_time_ns) only grow while something keeps run-time statistics
+    enabled.
+seealso:
+  - module: zerolayer.fleet.route
+  - module: zerolayer.fleet.router
+"""
+
+EXAMPLES = r"""
+- name: Read the router
+  zerolayer.fleet.route_info:
+  register: router_info
+
+- name: Show the engine share of the chat route
+  ansible.builtin.debug:
+    msg: "{{ (router_info.routes | selectattr('name', 'equalto', 'chat') | first).counters }}"
+
+- name: Read one route
+  zerolayer.fleet.route_info:
+    name: chat
+    pin_dir: /sys/fs/bpf/zerolayer
+"""
+
+RETURN = r"""
+router:
+  description: Router state (pin_dir, attached, program, link, maps_pinned) as returned by
+    M(zerolayer.fleet.router).
+  returned: always
+  type: dict
+  sample:
+    pin_dir: /sys/fs/bpf/zerolayer
+    attached: true
+    program: {id: 42, tag: 40d0f0c4b441b2b2, name: zerolayer_route, run_cnt: 0, run_time_ns: 0}
+    link: {id: 7, prog_id: 42, netns_ino: 4026531840, attached: true}
+    maps_pinned: true
+routes:
+  description: Every route (or the one named), ordered by port.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: Route name.
+      type: str
+    port:
+      description: Local TCP port.
+      type: int
+    weight:
+      description: Weight in percent.
+      type: float
+    weight_bp:
+      description: Weight in basis points.
+      type: int
+    generation:
+      description: Bumped on every write of the route.
+      type: int
+    route_index:
+      description: Index of the route's slots and counters.
+      type: int
+    slots:
+      description: Socket cookie of each live registered engine socket, by slot number (as a
+        string).
+      type: dict
+    counters:
+      description: lookups, to_engine, to_proxy_by_weight, fallback_no_socket and assign_errors,
+        summed over CPUs.
+      type: dict
+  sample:
+    - name: chat
+      port: 8080
+      weight: 5
+      weight_bp: 500
+      generation: 3
+      route_index: 0
+      slots: {"0": 16451}
+      counters: {lookups: 2000, to_engine: 97, to_proxy_by_weight: 1903, fallback_no_socket: 0,
+        assign_errors: 0}
+latency:
+  description: Decision time of routed lookups - count, p50_ns, p99_ns and the non-empty log2
+    buckets; null when the
+    maps are not pinned.
+  returned: always
+  type: dict
+  sample: {count: 2000, p50_ns: 512, p99_ns: 2048, buckets: [{le_ns: 512, count: 1500}, {le_ns:
+    1024, count: 480}]}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str"),
+            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        report = router_report(PinLayout(module.params["pin_dir"]))
+        name = module.params["name"]
+        if name is not None:
+            report["routes"] = [route for route in report["routes"] if route["name"] == name]
+            if not report["routes"]:
+                raise FleetError(
+                    "name %r is not a known route under %s" % (name, module.params["pin_dir"]),
+                    {"field": "name", "value": name},
+                )
+    except FleetError as exc:
+        module.fail_json(**exc.fail_json_kwargs())
+    module.exit_json(changed=False, **report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+#!/usr/bin/python
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: router
+short_description: Attach, upgrade or remove the sk_lookup router of a network namespace
+description:
+  - Loads the compiled sk_lookup router object with C(bpftool), pins the program and its maps under
+    O(pin_dir)
+    and attaches it to a network namespace through a pinned BPF link.
+  - When the program pinned there has a different tag than O(object), the new program is swapped
+    into the existing
+    link atomically (C(BPF_LINK_UPDATE)); the maps are kept, so routes, weights, engine sockets and
+    counters survive.
+  - V(detached) force-detaches the link (the kernel then delivers every connection to whoever binds
+    the port, the
+    proxy) and removes the link pin; program and maps stay, so attaching again restores every route.
+  - V(absent) also removes the program and map pins and O(pin_dir).
+  - Mounting the bpffs is not this module's job; it fails clearly when O(pin_dir) is not on one.
+  - Deciding whether O(object) differs from the running program loads it once, pinned briefly under
+    O(pin_dir) and
+    removed again, also in check mode.
+version_added: 0.1.0
+author:
+  - Zerolayer Fleet Maintainers (@zerolayer)
+requirements:
+  - Linux 5.9 or later with BPF links for sk_lookup
+  - bpftool
+  - CAP_BPF and CAP_NET_ADMIN (root)
+options:
+  state:
+    description: Whether the router should run, be detached but keep its routes, or be gone.
+    type: str
+    choices: [attached, detached, absent]
+    default: attached
+  object:
+    description:
+      - Path, on the managed node, of the compiled router (C(zerolayer_router.bpf.o), built by
+        C(make -C files/bpf)).
+      - Required when O(state=attached).
+    type: path
+  netns:
+    description:
+      - Network namespace file to attach the router to, such as C(/run/netns/NAME) or
+        C(/proc/PID/ns/net).
+      - Defaults to the network namespace of the module's own process.
+    type: path
+    default: /proc/self/ns/net
+  pin_dir:
+    description: Directory on a bpffs for the router's pins; created with mode 0700. Its parent must
+      be on a bpffs.
+    type: path
+    default: /sys/fs/bpf/zerolayer
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying
+      target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode),
+      when in diff mode.
+    support: full
+notes:
+  - The pin layout is C(prog), C(link) and C(maps/zl_routes), C(maps/zl_sockets),
+    C(maps/zl_counters),
+    C(maps/zl_latency) under O(pin_dir).
+seealso:
+  - module: zerolayer.fleet.route
+  - module: zerolayer.fleet.engine_socket
+  - module: zerolayer.fleet.route_info
+"""
+
+EXAMPLES = r"""
+- name: Attach the router to the node's network namespace
+  zerolayer.fleet.router:
+    object: /usr/local/lib/zerolayer/zerolayer_router.bpf.o
+
+- name: Upgrade the router program, keeping routes and weights
+  zerolayer.fleet.router:
+    object: /usr/local/lib/zerolayer/zerolayer_router-2.bpf.o
+    pin_dir: /sys/fs/bpf/zerolayer
+
+- name: Deep rollback, every new connection goes to the proxy
+  zerolayer.fleet.router:
+    state: detached
+
+- name: Remove the router with its routes
+  zerolayer.fleet.router:
+    state: absent
+"""
+
+RETURN = r"""
+actions:
+  description: What was done (or, in check mode, would be done), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["load program", "create link in netns 4026531840"]
+router:
+  description: State of the router after the change.
+  returned: always
+  type: dict
+  contains:
+    pin_dir:
+      description: The pin directory.
+      type: str
+    attached:
+      description: Whether the pinned link runs the pinned program in a live netns.
+      type: bool
+    program:
+      description: Pinned program (id, tag, name, run_cnt, run_time_ns), or null.
+      type: dict
+    link:
+      description: Pinned link (id, prog_id, netns_ino, attached), or null.
+      type: dict
+    maps_pinned:
+      description: Whether all four maps are pinned.
+      type: bool
+  sample:
+    pin_dir: /sys/fs/bpf/zerolayer
+    attached: true
+    program: {id: 42, tag: 40d0f0c4b441b2b2, name: zerolayer_route, run_cnt: 0, run_time_ns: 0}
+    link: {id: 7, prog_id: 42, netns_ino: 4026531840, attached: true}
+    maps_pinned: true
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+    SELF_NETNS,
+    attach,
+    detach,
+    remove,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", choices=["attached", "detached", "absent"], default="attached"),
+            object=dict(type="path"),
+            netns=dict(type="path", default=SELF_NETNS),
+            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+        ),
+        required_if=[("state", "attached", ["object"])],
+        supports_check_mode=True,
+    )
+
+    def runner(argv):
+        return module.run_command(argv, environ_update={"LANG": "C", "LC_ALL": "C"})
+
+    params = module.params
+    try:
+        layout = PinLayout(params["pin_dir"])
+        if params["state"] == "attached":
+            result = attach(layout, params["object"], params["netns"], module.check_mode, runner)
+        elif params["state"] == "detached":
+            result = detach(layout, module.check_mode)
+        else:
+            result = remove(layout, module.check_mode)
+    except FleetError as exc:
+        module.fail_json(**exc.fail_json_kwargs())
+
+    output = {"changed": result["changed"], "actions": result["actions"], "router": result["after"]}
+    if module._diff:
+        output["diff"] = {"before": result["before"], "after": result["after"]}
+    module.exit_json(**output)
+
+
+if __name__ == "__main__":
+    main()

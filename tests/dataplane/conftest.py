@@ -1,0 +1,264 @@
+"""Fixtures that give data-plane tests real kernel objects and clean all of them up.
+
+Every test gets its own pin dir on a private bpffs (the host has none mounted at
+/sys/fs/bpf), and the end-to-end tests get a fresh network namespace with real
+nginx processes in it. Teardown runs also when a test fails.
+"""
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+COLLECTIONS_PATH = os.path.join(REPO, ".collections")
+if COLLECTIONS_PATH not in sys.path:
+    sys.path.insert(0, COLLECTIONS_PATH)
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (  # noqa: E402
+    listening_inodes,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout  # noqa: E402
+
+BPF_DIR = os.path.join(REPO, "files", "bpf")
+CLIENT = os.path.join(os.path.dirname(__file__), "http_client.py")
+SERVICE_PORT = 8080
+ENGINE_PORT = 9001
+
+pytestmark = pytest.mark.dataplane
+
+
+def run(argv, **kwargs):
+    return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _require_root():
+    if os.geteuid() != 0:
+        pytest.fail(
+            "data-plane tests load BPF programs and create network namespaces: run them as root"
+        )
+
+
+@pytest.fixture(scope="session")
+def router_object():
+    """The object `make -C files/bpf` builds."""
+    run(["make", "-s", "-C", BPF_DIR])
+    return os.path.join(BPF_DIR, "build", "zerolayer_router.bpf.o")
+
+
+@pytest.fixture(scope="session")
+def upgraded_object(tmp_path_factory):
+    """A second build of the same source with another stamp: same decisions, another tag."""
+    out = str(tmp_path_factory.mktemp("bpf") / "zerolayer_router-2.bpf.o")
+    run(["make", "-s", "-C", BPF_DIR, "BUILD_STAMP=2", "OUT=" + out])
+    return out
+
+
+@pytest.fixture(scope="session")
+def bpffs():
+    """A private bpffs instance on a temp dir, unmounted at the end."""
+    mountpoint = tempfile.mkdtemp(prefix="zlt-bpffs-")
+    run(["mount", "-t", "bpf", "bpf", mountpoint])
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", mountpoint], check=False)
+        os.rmdir(mountpoint)
+
+
+@pytest.fixture
+def layout(bpffs):
+    """A fresh pin dir for one test; everything under it is detached and unpinned afterwards."""
+    pins = PinLayout(os.path.join(bpffs, "zlt-" + uuid.uuid4().hex[:8]))
+    try:
+        yield pins
+    finally:
+        if os.path.isdir(pins.pin_dir):
+            try:
+                router_lifecycle.remove(pins)
+            finally:
+                shutil.rmtree(pins.pin_dir, ignore_errors=True)
+
+
+class Netns:
+    """A named network namespace with lo up, and the processes the test starts in it."""
+
+    def __init__(self, workdir):
+        self.name = "zlt-" + uuid.uuid4().hex[:8]
+        self.path = "/run/netns/" + self.name
+        self.workdir = workdir
+        self.processes = []
+
+    def enter_argv(self, argv):
+        # nsenter, not `ip netns exec`: that one remounts /sys and would hide our bpffs pins.
+        return ["nsenter", "--net=" + self.path, *argv]
+
+    def run(self, argv, timeout=120):
+        return run(self.enter_argv(argv), timeout=timeout)
+
+    def popen(self, argv, **kwargs):
+        # Its own process group: teardown can find and end nginx workers with their master.
+        proc = subprocess.Popen(self.enter_argv(argv), start_new_session=True, **kwargs)
+        self.processes.append(proc)
+        return proc
+
+    def start_nginx(self, port, identity):
+        """Real nginx on 127.0.0.1:port answering every request with its identity."""
+        prefix = os.path.join(self.workdir, "nginx-%s-%d" % (identity, port))
+        os.makedirs(prefix, exist_ok=True)
+        conf = os.path.join(prefix, "nginx.conf")
+        with open(conf, "w") as handle:
+            handle.write(NGINX_CONF.format(prefix=prefix, port=port, identity=identity))
+        proc = self.popen(
+            ["nginx", "-p", prefix, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 20
+        while not listening_inodes(proc.pid, port, "inet"):
+            if proc.poll() is not None:
+                raise RuntimeError("nginx %s exited: %s" % (identity, proc.stderr.read().decode()))
+            if time.monotonic() > deadline:
+                raise RuntimeError("nginx %s did not listen on %d" % (identity, port))
+            time.sleep(0.05)
+        return proc
+
+    def stop(self, proc):
+        """Stop a process and wait until it and, for nginx, its workers are gone.
+
+        SIGTERM first: the nginx master then ends and reaps its workers itself.
+        Whatever is left of the group is killed and reaped here (this process is
+        a child subreaper, so orphaned workers become its children).
+        """
+        group = process_group(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+        for pid in group | process_group(proc.pid):
+            if pid == proc.pid:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+    def clients(self, port=SERVICE_PORT, count=0, source_ports=()):
+        """Run http_client.py in the netns and return its JSON report."""
+        argv = [sys.executable, CLIENT, str(port), "--count", str(count)]
+        for source_port in source_ports:
+            argv += ["--source-port", str(source_port)]
+        return json.loads(self.run(argv, timeout=300).stdout)
+
+    def background_clients(self, port=SERVICE_PORT):
+        """Start clients that connect until stopped; returns a stop() giving their report."""
+        stop_file = os.path.join(self.workdir, "stop-" + uuid.uuid4().hex[:6])
+        argv = [sys.executable, CLIENT, str(port), "--until-file", stop_file]
+        proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(stop_file + ".started"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("background clients did not start: %s" % proc.stderr.read())
+            time.sleep(0.02)
+
+        def stop():
+            open(stop_file, "w").close()
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            return json.loads(out)
+
+        return stop
+
+
+NGINX_CONF = """
+daemon off;
+master_process on;
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    keepalive_timeout 0;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            default_type text/plain;
+            add_header X-Served-By {identity};
+            return 200 "{identity}\\n";
+        }}
+    }}
+}}
+"""
+
+
+def process_group(pgid):
+    """Pids of the live processes in process group pgid."""
+    members = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.add(int(entry))
+    return members
+
+
+def become_child_subreaper():
+    """Orphans of our children re-parent to us, not to PID 1 (which may never reap them)."""
+    pr_set_child_subreaper = 36
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+
+
+@pytest.fixture
+def netns(tmp_path):
+    become_child_subreaper()
+    ns = Netns(str(tmp_path))
+    run(["ip", "netns", "add", ns.name])
+    try:
+        run(["ip", "-n", ns.name, "link", "set", "lo", "up"])
+        yield ns
+    finally:
+        for proc in reversed(ns.processes):
+            ns.stop(proc)
+        subprocess.run(["ip", "netns", "del", ns.name], check=False)
+
+
+@pytest.fixture
+def proxy(netns):
+    """nginx bound to the service port: the proxy layer."""
+    return netns.start_nginx(SERVICE_PORT, "proxy")
+
+
+@pytest.fixture
+def engine(netns):
+    """A second nginx on its own port standing in for a model engine's HTTP listener."""
+    return netns.start_nginx(ENGINE_PORT, "engine")
+
+
+def four_sigma_bounds(count, share):
+    """Range a binomial(count, share) draw stays within at 4 standard deviations."""
+    mean = count * share
+    spread = 4 * (count * share * (1 - share)) ** 0.5
+    return mean - spread, mean + spread

@@ -1,0 +1,59 @@
+"""The router's decision, written again in Python to check the program against.
+
+Mirrors zl_tuple_hash and the slot choice in files/bpf/zerolayer_router.bpf.c
+for IPv4; the values are read from struct bpf_sk_lookup exactly as the program
+reads them (addresses and remote port in network order, local port host order).
+"""
+
+import socket
+import struct
+
+MASK = (1 << 64) - 1
+SEED_WEIGHT = 0x9E3779B97F4A7C15
+SEED_SLOT = 0xC2B2AE3D27D4EB4F
+AF_INET = 2
+IPPROTO_TCP = 6
+IPPROTO_UDP = 17
+
+
+def mix(x):
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK
+    x ^= x >> 31
+    return x
+
+
+def ip4_field(address):
+    return struct.unpack("=I", socket.inet_aton(address))[0]
+
+
+def port_field(port):
+    return struct.unpack("=H", struct.pack("!H", port))[0]
+
+
+def tuple_hash(remote_ip, remote_port, local_ip, local_port, seed):
+    h = mix(seed ^ ip4_field(remote_ip))
+    h = mix(h ^ ip4_field(local_ip))
+    return mix(h ^ ((port_field(remote_port) << 16 | local_port) & MASK))
+
+
+def takes_engine_path(tuple4, weight_bp):
+    return tuple_hash(*tuple4, SEED_WEIGHT) % 10000 < weight_bp
+
+
+def chosen_slot(tuple4, live_slots):
+    live = sorted(live_slots)
+    return live[tuple_hash(*tuple4, SEED_SLOT) % len(live)]
+
+
+def sk_lookup_ctx(remote_ip, remote_port, local_ip, local_port, protocol=IPPROTO_TCP):
+    """A struct bpf_sk_lookup (72 bytes) for BPF_PROG_TEST_RUN."""
+    ctx = bytearray(72)
+    struct.pack_into("=II", ctx, 8, AF_INET, protocol)
+    struct.pack_into("=I", ctx, 16, ip4_field(remote_ip))
+    struct.pack_into("!H", ctx, 36, remote_port)
+    struct.pack_into("=I", ctx, 40, ip4_field(local_ip))
+    struct.pack_into("=I", ctx, 60, local_port)
+    return bytes(ctx)

@@ -1,0 +1,93 @@
+"""HTTP client run inside a test netns: one new connection per request.
+
+Counts responses by body, so the tests see who served each connection. Each
+connection ends with an RST (SO_LINGER 0) after the server's FIN: no TIME_WAIT
+is left on either side, so ports can be reused at once and never run out.
+
+    http_client.py PORT --count N                 N connections, kernel-chosen source ports
+    http_client.py PORT --count N --source-port P [--source-port Q ...]
+                                                   N connections from each fixed source port
+    http_client.py PORT --until-file F             connect until file F exists
+Prints one JSON object: {"served": {body: count}, "errors": n, "error_samples": [...],
+"by_source_port": {port: [body, ...]}}.
+"""
+
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+
+
+def fetch(port, source_port=None):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.settimeout(10)
+        if source_port is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", source_port))
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(REQUEST)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    response = b"".join(chunks)
+    head, _, body = response.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError("unexpected response %r" % response[:80])
+    return body.decode().strip()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--source-port", type=int, action="append", default=[])
+    parser.add_argument("--until-file")
+    args = parser.parse_args()
+
+    served, errors, samples, by_source = {}, 0, [], {}
+
+    def one(source_port=None):
+        nonlocal errors
+        try:
+            body = fetch(args.port, source_port)
+        except (OSError, RuntimeError) as exc:
+            errors += 1
+            if len(samples) < 5:
+                samples.append(repr(exc))
+            body = "error"
+        else:
+            served[body] = served.get(body, 0) + 1
+        if source_port is not None:
+            by_source.setdefault(str(source_port), []).append(body)
+
+    if args.until_file:
+        # Tell the test we run, then go on until told to stop.
+        open(args.until_file + ".started", "w").close()
+        while not os.path.exists(args.until_file):
+            one()
+    elif args.source_port:
+        for _ in range(args.count):
+            for source_port in args.source_port:
+                one(source_port)
+    else:
+        for _ in range(args.count):
+            one()
+    json.dump(
+        {"served": served, "errors": errors, "error_samples": samples, "by_source_port": by_source},
+        sys.stdout,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The program's decision, checked with BPF_PROG_TEST_RUN against the Python model.
+
+No traffic: each run feeds the program one struct bpf_sk_lookup and reads back
+the cookie of the socket it selected (0 for none, the proxy's path).
+"""
+
+import os
+import socket
+import struct
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    register_engine_socket,
+    unregister_engine_socket,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    read_counters,
+    read_latency_buckets,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    SOCKETS_MAP,
+    ensure_pin_dirs,
+    opened,
+    opened_map,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    SOCKET_VALUE,
+    socket_key,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+
+from .decision_model import (
+    IPPROTO_UDP,
+    chosen_slot,
+    sk_lookup_ctx,
+    takes_engine_path,
+    tuple_hash,
+)
+
+SK_PASS = 1
+PORT = 8080
+CLIENT = "10.1.2.3"
+SERVER = "10.0.0.1"
+
+
+@pytest.fixture
+def loaded(layout, router_object):
+    """The program and its maps pinned, not attached anywhere: test runs only."""
+    ensure_pin_dirs(layout)
+    load_program(router_object, layout.prog, layout, reuse_maps=False)
+    return layout
+
+
+@pytest.fixture
+def listeners():
+    """Listening TCP sockets of this process (no SO_REUSEPORT: test runs refuse those)."""
+    socks = []
+
+    def make():
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        socks.append(sock)
+        return sock
+
+    yield make
+    for sock in socks:
+        sock.close()
+
+
+def cookie_of(sock):
+    return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, 57, 8))[0]
+
+
+def decide(layout, remote_port, protocol=6, local_port=PORT):
+    """Run the program on one connection; return the selected socket's cookie (0: none)."""
+    with opened(layout.prog) as prog_fd:
+        retval, ctx_out, _ = bpf_syscall.prog_test_run(
+            prog_fd, sk_lookup_ctx(CLIENT, remote_port, SERVER, local_port, protocol)
+        )
+    assert retval == SK_PASS  # the program never drops
+    return struct.unpack_from("=Q", ctx_out, 0)[0]
+
+
+def register(layout, sock, slot=0, route="svc"):
+    return register_engine_socket(
+        layout, route, os.getpid(), sock.getsockname()[1], slot=slot, timeout=5
+    )
+
+
+def test_no_route_selects_nothing_and_counts_nothing(loaded, listeners):
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, listeners())
+    assert decide(loaded, 40000, local_port=PORT + 1) == 0
+    assert decide(loaded, 40000, protocol=IPPROTO_UDP) == 0
+    assert read_counters(loaded, 0)["lookups"] == 0
+
+
+def test_weight_0_never_and_10000_always_takes_the_engine(loaded, listeners):
+    engine = listeners()
+    set_route(loaded, "svc", port=PORT, weight=0)
+    register(loaded, engine)
+    assert all(decide(loaded, port) == 0 for port in range(40000, 40200))
+    set_route(loaded, "svc", weight=100)
+    assert all(decide(loaded, port) == cookie_of(engine) for port in range(40000, 40200))
+    counters = read_counters(loaded, 0)
+    assert counters == {
+        "lookups": 400,
+        "to_engine": 200,
+        "to_proxy_by_weight": 200,
+        "fallback_no_socket": 0,
+        "assign_errors": 0,
+    }
+    assert sum(read_latency_buckets(loaded)) == 400
+
+
+def test_decision_matches_the_hash_model_at_the_weight_edge(loaded, listeners):
+    engine = listeners()
+    set_route(loaded, "svc", port=PORT, weight=0)
+    register(loaded, engine)
+    for remote_port in (40001, 41234, 55555):
+        edge_bp = tuple_hash(CLIENT, remote_port, SERVER, PORT, 0x9E3779B97F4A7C15) % 10000
+        set_route(loaded, "svc", weight=edge_bp / 100.0)  # hash == weight: proxy
+        assert decide(loaded, remote_port) == 0
+        set_route(loaded, "svc", weight=(edge_bp + 1) / 100.0)  # hash < weight: engine
+        assert decide(loaded, remote_port) == cookie_of(engine)
+
+
+def test_decisions_follow_the_model_and_are_deterministic(loaded, listeners):
+    engine = listeners()
+    set_route(loaded, "svc", port=PORT, weight=37.5)
+    register(loaded, engine)
+    ports = range(30000, 30600)
+    first = [decide(loaded, port) for port in ports]
+    expected = [
+        cookie_of(engine) if takes_engine_path((CLIENT, port, SERVER, PORT), 3750) else 0
+        for port in ports
+    ]
+    assert first == expected
+    assert [decide(loaded, port) for port in ports] == first
+    assert 0 < first.count(0) < len(first)  # both paths occur
+
+
+def test_empty_slots_are_skipped_and_live_ones_chosen_by_hash(loaded, listeners):
+    engines = {3: listeners(), 6: listeners()}
+    set_route(loaded, "svc", port=PORT, weight=100)
+    for slot, sock in engines.items():
+        register(loaded, sock, slot=slot)
+    ports = range(20000, 20400)
+    chosen = [decide(loaded, port) for port in ports]
+    expected = [
+        cookie_of(engines[chosen_slot((CLIENT, port, SERVER, PORT), engines)]) for port in ports
+    ]
+    assert chosen == expected
+    assert set(chosen) == {cookie_of(sock) for sock in engines.values()}
+
+    unregister_engine_socket(loaded, "svc", slot=3)
+    assert {decide(loaded, port) for port in ports} == {cookie_of(engines[6])}
+
+
+def test_no_live_socket_falls_back_and_is_counted(loaded, listeners):
+    engine = listeners()
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, engine)
+    engine.close()  # the kernel drops a closed socket from the sockmap by itself
+    assert decide(loaded, 40000) == 0
+    assert read_counters(loaded, 0)["fallback_no_socket"] == 1
+
+
+def test_a_socket_the_kernel_refuses_is_an_assign_error(loaded):
+    set_route(loaded, "svc", port=PORT, weight=100)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        udp.bind(("127.0.0.1", 0))
+        # Written straight into the map: register_engine_socket would refuse a UDP socket.
+        with opened_map(loaded, SOCKETS_MAP) as map_fd:
+            bpf_syscall.map_update(map_fd, socket_key(0, 0), SOCKET_VALUE.pack(udp.fileno()))
+        assert decide(loaded, 40000) == 0
+    finally:
+        udp.close()
+    counters = read_counters(loaded, 0)
+    assert counters["assign_errors"] == 1
+    assert counters["to_engine"] == 0

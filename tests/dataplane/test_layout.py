@@ -1,0 +1,45 @@
+"""The C header and the Python codec describe the same bytes."""
+
+import os
+import subprocess
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import route_codec
+
+from .conftest import BPF_DIR
+
+PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "zerolayer_router.h"
+int main(void)
+{
+    printf("%zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct zl_route),
+           offsetof(struct zl_route, port), offsetof(struct zl_route, weight_bp),
+           offsetof(struct zl_route, generation), offsetof(struct zl_route, route_index),
+           sizeof(struct zl_counters), offsetof(struct zl_counters, assign_errors));
+    printf("%d %d %d %d %d %u\n", ZL_ROUTE_NAME_LEN, ZL_MAX_ROUTES, ZL_MAX_SLOTS,
+           ZL_WEIGHT_SCALE, ZL_LATENCY_BUCKETS, zl_socket_key(5, 3));
+    return 0;
+}
+"""
+
+
+def test_header_layout_matches_the_codec(tmp_path):
+    source = tmp_path / "probe.c"
+    source.write_text(PROBE)
+    binary = str(tmp_path / "probe")
+    subprocess.run(["cc", "-I", BPF_DIR, "-o", binary, str(source)], check=True)
+    sizes, constants = subprocess.run(
+        [binary], check=True, capture_output=True, text=True
+    ).stdout.split("\n")[:2]
+    assert [int(n) for n in sizes.split()] == [route_codec.ROUTE_VALUE.size, 32, 36, 40, 48, 40, 32]
+    assert route_codec.COUNTERS_VALUE.size == 40
+    assert [int(n) for n in constants.split()] == [
+        route_codec.ROUTE_NAME_LEN,
+        route_codec.MAX_ROUTES,
+        route_codec.MAX_SLOTS,
+        route_codec.WEIGHT_SCALE,
+        route_codec.LATENCY_BUCKETS,
+        int.from_bytes(route_codec.socket_key(5, 3), "little"),
+    ]
+    assert os.path.basename(BPF_DIR) == "bpf"

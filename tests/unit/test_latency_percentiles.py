@@ -1,0 +1,59 @@
+"""Percentiles from the log2 decision-time histogram."""
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    histogram_percentile,
+    latency_summary,
+    sum_counters,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import LATENCY_BUCKETS
+
+
+def buckets_with(**counts):
+    buckets = [0] * LATENCY_BUCKETS
+    for name, count in counts.items():
+        buckets[int(name[1:])] = count
+    return buckets
+
+
+def test_empty_histogram_has_no_percentiles():
+    assert histogram_percentile([0] * LATENCY_BUCKETS, 0.5) is None
+    assert latency_summary([0] * LATENCY_BUCKETS) == {
+        "count": 0,
+        "p50_ns": None,
+        "p99_ns": None,
+        "buckets": [],
+    }
+
+
+def test_percentile_is_the_upper_bound_of_its_bucket():
+    # 90 decisions in [256, 512) ns, 9 in [1024, 2048), 1 in [65536, 131072)
+    buckets = buckets_with(b8=90, b10=9, b16=1)
+    assert histogram_percentile(buckets, 0.5) == 512
+    assert histogram_percentile(buckets, 0.9) == 512
+    assert histogram_percentile(buckets, 0.99) == 2048
+    assert histogram_percentile(buckets, 1.0) == 131072
+
+
+def test_summary_lists_non_empty_buckets():
+    summary = latency_summary(buckets_with(b0=1, b9=3))
+    assert summary["count"] == 4
+    assert summary["p50_ns"] == 1024
+    assert summary["buckets"] == [{"le_ns": 2, "count": 1}, {"le_ns": 1024, "count": 3}]
+
+
+@pytest.mark.parametrize("quantile", [0, -0.1, 1.01])
+def test_quantile_out_of_range(quantile):
+    with pytest.raises(ValueError):
+        histogram_percentile(buckets_with(b1=1), quantile)
+
+
+def test_counters_are_summed_over_cpus():
+    totals = sum_counters([(10, 3, 7, 0, 0), (5, 1, 2, 1, 1)])
+    assert totals == {
+        "lookups": 15,
+        "to_engine": 4,
+        "to_proxy_by_weight": 9,
+        "fallback_no_socket": 1,
+        "assign_errors": 1,
+    }

@@ -1,0 +1,71 @@
+"""Byte layouts of the route map and input checks on names, ports and slots."""
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    COUNTERS_VALUE,
+    MAX_SLOTS,
+    ROUTE_VALUE,
+    Route,
+    decode_route,
+    encode_route,
+    socket_key,
+    validate_port,
+    validate_route_name,
+    validate_slot,
+)
+
+
+def test_route_value_is_56_bytes_like_struct_zl_route():
+    assert ROUTE_VALUE.size == 56
+    assert COUNTERS_VALUE.size == 40
+
+
+def test_route_round_trips_through_bytes():
+    route = Route("chat-v2.gpu_0", 8080, 1234, 2**40 + 3, 63)
+    raw = encode_route(route)
+    assert len(raw) == 56
+    assert decode_route(raw) == route
+
+
+def test_route_fields_sit_at_the_c_offsets():
+    raw = encode_route(Route("ab", 0x1F90, 500, 7, 5))
+    assert raw[:3] == b"ab\0"
+    assert int.from_bytes(raw[32:36], "little") == 0x1F90
+    assert int.from_bytes(raw[36:40], "little") == 500
+    assert int.from_bytes(raw[40:48], "little") == 7
+    assert int.from_bytes(raw[48:52], "little") == 5
+    assert raw[52:56] == b"\0" * 4
+
+
+def test_socket_keys_group_slots_by_route():
+    assert int.from_bytes(socket_key(0, 0), "little") == 0
+    assert int.from_bytes(socket_key(2, 3), "little") == 2 * MAX_SLOTS + 3
+
+
+@pytest.mark.parametrize("name", ["chat", "a", "x" * 31, "llama-3.1_70b"])
+def test_valid_route_names(name):
+    assert validate_route_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "x" * 32, "-lead", "has space", "ünï", None, 5, "a/b"])
+def test_invalid_route_names(name):
+    with pytest.raises(FleetError, match=r"^name must be 1-31 characters"):
+        validate_route_name(name)
+
+
+@pytest.mark.parametrize(("port", "number"), [(1, 1), (65535, 65535), ("8080", 8080)])
+def test_valid_ports(port, number):
+    assert validate_port(port) == number
+
+
+@pytest.mark.parametrize("port", [0, 65536, -1, "http", True, None, 80.5, "80.0"])
+def test_invalid_ports(port):
+    with pytest.raises(FleetError, match=r"^port must be a TCP port number from 1 to 65535"):
+        validate_port(port)
+
+
+@pytest.mark.parametrize("slot", [-1, MAX_SLOTS, True, "0", None])
+def test_invalid_slots(slot):
+    with pytest.raises(FleetError, match=r"^slot must be an integer from 0 to 7"):
+        validate_slot(slot)
