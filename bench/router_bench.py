@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""Data-plane bench: engine direct vs. routed by the sk_lookup program vs. the nginx proxy hop.
+
+Three cases, each in its own fresh network namespace with real nginx (one worker):
+  a  wrk -> engine port                         (no router in that netns)
+  b  wrk -> service port, router weight 100     (the program hands the SYN to the engine)
+  c  wrk -> service port, router weight 0       (the proxy nginx forwards to the engine)
+The router is loaded, routed and given the engine socket through plugins/module_utils,
+the same functions the modules call. Rounds are interleaved (a, b, c, a, b, c, ...) in
+two modes, keepalive and connection-per-request; the report gives medians.
+
+Run as root: sudo .venv/bin/python bench/router_bench.py --rounds 5 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# scripts/setup links the checkout as ansible_collections/zerolayer/fleet under .collections.
+sys.path.insert(0, os.path.join(REPO, ".collections"))
+
+import lab  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (  # noqa: E402
+    register_engine_socket,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (  # noqa: E402
+    RunTimeStats,
+    histogram_percentile,
+    read_counters,
+    read_latency_buckets,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route  # noqa: E402
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+BPF_DIR = os.path.join(REPO, "files", "bpf")
+DEFAULT_OBJECT = os.path.join(BPF_DIR, "build", "zerolayer_router.bpf.o")
+WRK_SCRIPT = os.path.join(BENCH_DIR, "wrk_summary.lua")
+RESULT_MARK = "ZL_BENCH_RESULT "
+ROUTE = "svc"
+# wrk on one core, every nginx process on the other: nginx and wrk then do not take
+# turns on the same core at random, and all three cases get the same server CPU.
+CLIENT_CPUS = "0"
+SERVER_CPUS = "1"
+
+CASES = {
+    "a": {"title": "engine direct", "port": lab.ENGINE_PORT, "weight": None},
+    "b": {
+        "title": "service port, sk_lookup to engine (w=100)",
+        "port": lab.SERVICE_PORT,
+        "weight": 100,
+    },
+    "c": {"title": "service port, nginx proxy hop (w=0)", "port": lab.SERVICE_PORT, "weight": 0},
+}
+MODES = {
+    "keepalive": "keepalive",
+    "close": "connection per request (Connection: close)",
+}
+TARGETS = (
+    ("(b)/(a) req/s, keepalive", ">= 0.97", lambda s: s["ratios"]["b/a keepalive"], 0.97, "ge"),
+    ("(b)/(a) req/s, close", ">= 0.97", lambda s: s["ratios"]["b/a close"], 0.97, "ge"),
+    ("(b)/(c) req/s, keepalive", ">= 2.5", lambda s: s["ratios"]["b/c keepalive"], 2.5, "ge"),
+    ("mean decision time (b)", "<= 200 ns", lambda s: s["decision"]["b"]["mean_ns"], 200, "le"),
+    ("p99 decision time (b)", "<= 1000 ns", lambda s: s["decision"]["b"]["p99_ns"], 1000, "le"),
+)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--warmup", type=int, default=2, help="unrecorded seconds per case/mode")
+    parser.add_argument("--connections", type=int, default=16, help="wrk -c (default 16)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk -t (default 2)")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wrk on CPU %s, nginx on CPU %s (default on)" % (CLIENT_CPUS, SERVER_CPUS),
+    )
+    parser.add_argument("--object", default=None, help="router object (default: make it)")
+    parser.add_argument(
+        "--output-dir", default=os.path.join(BENCH_DIR, "results"), help="where .md/.json go"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="harness check: 1 round of 1 s, no warm-up"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.duration, args.warmup = 1, 1, 0
+    for name in ("rounds", "duration", "connections", "threads"):
+        if getattr(args, name) < 1:
+            parser.error("--%s must be at least 1; got %d" % (name, getattr(args, name)))
+    if args.warmup < 0:
+        parser.error("--warmup must be 0 or more; got %d" % args.warmup)
+    if args.pin and (os.cpu_count() or 1) < 2:
+        args.pin = False
+    return args
+
+
+def router_object(args):
+    if args.object:
+        return os.path.abspath(args.object)
+    lab.run(["make", "-s", "-C", BPF_DIR])
+    return DEFAULT_OBJECT
+
+
+def set_up_case(stack, key, workdir, bpffs, object_path, server_cpus):
+    """A fresh netns with the engine, and for b/c the proxy and the router with route svc."""
+    case = CASES[key]
+    netns = lab.Netns(stack, key, workdir)
+    engine = netns.start_nginx("engine", lab.ENGINE_PORT, server_cpus)
+    target = {"key": key, "netns": netns, "layout": None, "route_index": None}
+    if case["weight"] is None:
+        return target
+    netns.start_nginx("proxy", lab.SERVICE_PORT, server_cpus)
+    layout = PinLayout(os.path.join(bpffs, netns.name))
+    stack.callback(router_lifecycle.remove, layout)
+    router_lifecycle.attach(layout, object_path, netns.path)
+    route = set_route(layout, ROUTE, port=lab.SERVICE_PORT, weight=case["weight"])["after"]
+    register_engine_socket(layout, ROUTE, engine.pid, lab.ENGINE_PORT, family="inet", timeout=10)
+    target.update(layout=layout, route_index=route.route_index)
+    return target
+
+
+def router_snapshot(target):
+    """Program run statistics, decision histogram and route counters; None without a router."""
+    layout = target["layout"]
+    if layout is None:
+        return None
+    program = router_lifecycle.program_state(layout)
+    return {
+        "run_cnt": program["run_cnt"],
+        "run_time_ns": program["run_time_ns"],
+        "buckets": read_latency_buckets(layout),
+        "counters": read_counters(layout, target["route_index"]),
+    }
+
+
+def snapshot_delta(before, after):
+    if before is None:
+        return None
+    return {
+        "run_cnt": after["run_cnt"] - before["run_cnt"],
+        "run_time_ns": after["run_time_ns"] - before["run_time_ns"],
+        "buckets": [new - old for new, old in zip(after["buckets"], before["buckets"])],
+        "counters": {
+            name: after["counters"][name] - before["counters"][name] for name in after["counters"]
+        },
+    }
+
+
+def run_wrk(target, mode, duration, args):
+    """One wrk run in the case's netns; returns wrk's summary with req/s added."""
+    port = CASES[target["key"]]["port"]
+    wrk = [
+        "wrk",
+        "-c",
+        str(args.connections),
+        "-t",
+        str(args.threads),
+        "-d",
+        "%ds" % duration,
+        "--timeout",
+        "5s",
+        "-s",
+        WRK_SCRIPT,
+        "http://127.0.0.1:%d/" % port,
+    ]
+    env = dict(os.environ, ZL_BENCH_CONNECTION="close" if mode == "close" else "keep-alive")
+    cpus = CLIENT_CPUS if args.pin else None
+    done = lab.run(target["netns"].argv(wrk, cpus), env=env, timeout=duration + 60)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if not lines:
+        raise RuntimeError("wrk printed no summary:\n%s\n%s" % (done.stdout, done.stderr))
+    result = json.loads(lines[-1][len(RESULT_MARK) :])
+    result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
+    return result
+
+
+def measure(target, mode, round_number, args):
+    before = router_snapshot(target)
+    result = run_wrk(target, mode, args.duration, args)
+    result.update(
+        case=target["key"],
+        mode=mode,
+        round=round_number,
+        router=snapshot_delta(before, router_snapshot(target)),
+    )
+    return result
+
+
+def run_rounds(targets, args, progress):
+    runs = []
+    if args.warmup:
+        for mode in MODES:
+            for target in targets:
+                run_wrk(target, mode, args.warmup, args)
+    for round_number in range(1, args.rounds + 1):
+        for mode in MODES:
+            for target in targets:
+                run = measure(target, mode, round_number, args)
+                progress(
+                    "round %d %-9s (%s) %9.0f req/s  p99 %s"
+                    % (
+                        round_number,
+                        mode,
+                        run["case"],
+                        run["rps"],
+                        format_us(run["latency_us"]["p99"]),
+                    )
+                )
+                runs.append(run)
+    return runs
+
+
+# Summary
+
+
+def case_row(runs, key, mode):
+    picked = [run for run in runs if run["case"] == key and run["mode"] == mode]
+    rps = [run["rps"] for run in picked]
+    return {
+        "case": key,
+        "mode": mode,
+        "rounds": len(picked),
+        "rps_median": statistics.median(rps),
+        "rps_min": min(rps),
+        "rps_max": max(rps),
+        "p50_us": statistics.median(run["latency_us"]["p50"] for run in picked),
+        "p99_us": statistics.median(run["latency_us"]["p99"] for run in picked),
+        "requests": sum(run["requests"] for run in picked),
+        "errors": sum(sum(run["errors"].values()) for run in picked),
+    }
+
+
+def ratio(runs, rows, top, bottom, mode):
+    """Ratio of the median req/s, and the range of the same ratio round by round."""
+    by_round = {}
+    for run in runs:
+        if run["mode"] == mode and run["case"] in (top, bottom):
+            by_round.setdefault(run["round"], {})[run["case"]] = run["rps"]
+    per_round = [pair[top] / pair[bottom] for pair in by_round.values() if len(pair) == 2]
+    return {
+        "median_based": rows[(top, mode)]["rps_median"] / rows[(bottom, mode)]["rps_median"],
+        "per_round_min": min(per_round),
+        "per_round_max": max(per_round),
+    }
+
+
+def decision_summary(runs, key):
+    """Decision time of case key's program over every measured run, both modes."""
+    deltas = [run["router"] for run in runs if run["case"] == key]
+    run_cnt = sum(delta["run_cnt"] for delta in deltas)
+    run_time_ns = sum(delta["run_time_ns"] for delta in deltas)
+    buckets = [sum(column) for column in zip(*(delta["buckets"] for delta in deltas))]
+    counters = {}
+    for delta in deltas:
+        for name, value in delta["counters"].items():
+            counters[name] = counters.get(name, 0) + value
+    return {
+        "run_cnt": run_cnt,
+        "mean_ns": run_time_ns / run_cnt if run_cnt else None,
+        "histogram_count": sum(buckets),
+        "p50_ns": histogram_percentile(buckets, 0.50),
+        "p99_ns": histogram_percentile(buckets, 0.99),
+        "buckets": {str(2 ** (bucket + 1)): count for bucket, count in enumerate(buckets) if count},
+        "counters": counters,
+    }
+
+
+def summarise(runs):
+    rows = {(key, mode): case_row(runs, key, mode) for mode in MODES for key in CASES}
+    ratios = {
+        "b/a keepalive": ratio(runs, rows, "b", "a", "keepalive"),
+        "b/a close": ratio(runs, rows, "b", "a", "close"),
+        "b/c keepalive": ratio(runs, rows, "b", "c", "keepalive"),
+        "b/c close": ratio(runs, rows, "b", "c", "close"),
+    }
+    summary = {
+        "rows": list(rows.values()),
+        "ratios": {name: value["median_based"] for name, value in ratios.items()},
+        "ratio_ranges": ratios,
+        "decision": {key: decision_summary(runs, key) for key in ("b", "c")},
+    }
+    summary["targets"] = [target_verdict(summary, *target) for target in TARGETS]
+    return summary
+
+
+def target_verdict(summary, name, wanted, measured_of, bound, sense):
+    measured = measured_of(summary)
+    if measured is None:
+        passed = False
+    else:
+        passed = measured >= bound if sense == "ge" else measured <= bound
+    return {"name": name, "target": wanted, "measured": measured, "passed": passed}
+
+
+# Report
+
+
+def format_us(value):
+    return "%.2f ms" % (value / 1000.0) if value >= 1000 else "%d us" % value
+
+
+def format_ns(value):
+    return "n/a" if value is None else "%.0f ns" % value
+
+
+CASE_COLUMNS = (
+    "Case",
+    "Mode",
+    "req/s (median)",
+    "req/s (min-max)",
+    "latency p50",
+    "latency p99",
+    "requests",
+    "errors",
+)
+DECISION_COLUMNS = (
+    "Route decision",
+    "Runs",
+    "Mean (run_time_ns/run_cnt)",
+    "p50 (histogram)",
+    "p99 (histogram)",
+    "to_engine",
+    "to_proxy_by_weight",
+    "fallback / assign errors",
+)
+
+
+def table_row(cells):
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def describe_settings(report):
+    settings, host = report["settings"], report["host"]
+    if settings["pin"]:
+        pin = "wrk pinned to CPU %s, every nginx process to CPU %s (taskset)." % (
+            CLIENT_CPUS,
+            SERVER_CPUS,
+        )
+    else:
+        pin = "No CPU pinning."
+    return [
+        "Date: %s (UTC). Command: `%s`" % (report["started"], report["command"]),
+        "",
+        "Host: Linux %s, %d CPUs; load average (1/5/15 min) before %s, after %s. %s"
+        % (host["kernel"], host["cpus"], host["loadavg_before"], host["loadavg_after"], pin),
+        "",
+        "%d interleaved rounds of %d s per case and mode, after %d s of warm-up each; "
+        % (settings["rounds"], settings["duration_s"], settings["warmup_s"])
+        + "`wrk -c%d -t%d`. " % (settings["connections"], settings["threads"])
+        + "Connection-per-request mode: a wrk Lua script adds the header `Connection: close`, "
+        "so every request opens a new connection.",
+    ]
+
+
+def case_table(summary):
+    lines = [
+        table_row(CASE_COLUMNS),
+        table_row(["---", "---"] + ["---:"] * (len(CASE_COLUMNS) - 2)),
+    ]
+    for row in summary["rows"]:
+        lines.append(
+            table_row(
+                [
+                    "(%s) %s" % (row["case"], CASES[row["case"]]["title"]),
+                    row["mode"],
+                    "%.0f" % row["rps_median"],
+                    "%.0f-%.0f" % (row["rps_min"], row["rps_max"]),
+                    format_us(row["p50_us"]),
+                    format_us(row["p99_us"]),
+                    row["requests"],
+                    row["errors"],
+                ]
+            )
+        )
+    return lines
+
+
+def ratio_table(summary):
+    lines = [
+        table_row(["Ratio of req/s", "Of the medians", "Round by round (min-max)"]),
+        table_row(["---", "---:", "---:"]),
+    ]
+    for name, value in summary["ratio_ranges"].items():
+        top, bottom, mode = name[0], name[2], name[4:]
+        lines.append(
+            table_row(
+                [
+                    "(%s)/(%s) %s" % (top, bottom, mode),
+                    "%.3f" % value["median_based"],
+                    "%.3f-%.3f" % (value["per_round_min"], value["per_round_max"]),
+                ]
+            )
+        )
+    return lines
+
+
+def decision_table(summary):
+    lines = [
+        table_row(DECISION_COLUMNS),
+        table_row(["---"] + ["---:"] * (len(DECISION_COLUMNS) - 1)),
+    ]
+    for key, decision in summary["decision"].items():
+        counters = decision["counters"]
+        lines.append(
+            table_row(
+                [
+                    "(%s) weight %d" % (key, CASES[key]["weight"]),
+                    decision["run_cnt"],
+                    format_ns(decision["mean_ns"]),
+                    "<= " + format_ns(decision["p50_ns"]),
+                    "<= " + format_ns(decision["p99_ns"]),
+                    counters["to_engine"],
+                    counters["to_proxy_by_weight"],
+                    "%d / %d" % (counters["fallback_no_socket"], counters["assign_errors"]),
+                ]
+            )
+        )
+    return lines
+
+
+def target_table(summary):
+    lines = [
+        table_row(["Target", "Wanted", "Measured", "Result"]),
+        table_row(["---", "---", "---:", "---"]),
+    ]
+    for verdict in summary["targets"]:
+        measured = verdict["measured"]
+        if "time" in verdict["name"]:
+            shown = format_ns(measured)
+        else:
+            shown = "n/a" if measured is None else "%.3f" % measured
+        result = "pass" if verdict["passed"] else "MISS"
+        lines.append(table_row([verdict["name"], verdict["target"], shown, result]))
+    return lines
+
+
+def markdown(report):
+    summary = report["summary"]
+    blocks = [
+        describe_settings(report),
+        case_table(summary),
+        ratio_table(summary),
+        decision_table(summary),
+        target_table(summary),
+    ]
+    return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+
+
+def write_report(report, output_dir, stamp):
+    os.makedirs(output_dir, exist_ok=True)
+    base = os.path.join(output_dir, stamp)
+    with open(base + ".json", "w") as handle:
+        json.dump(report, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+    with open(base + ".md", "w") as handle:
+        handle.write("# Router data-plane bench\n\n" + report["markdown"])
+    return base + ".md", base + ".json"
+
+
+def git_revision():
+    done = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or None
+
+
+def bench(args, progress):
+    started = datetime.datetime.now(datetime.timezone.utc)
+    report = {
+        "started": started.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+        "revision": git_revision(),
+        "host": {
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "loadavg_before": lab.loadavg(),
+        },
+        "settings": {
+            "rounds": args.rounds,
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "connections": args.connections,
+            "threads": args.threads,
+            "pin": args.pin,
+            "client_cpus": CLIENT_CPUS if args.pin else None,
+            "server_cpus": SERVER_CPUS if args.pin else None,
+            "close_mode": "wrk Lua script sets the request header Connection: close",
+            "nginx_keepalive_requests": lab.KEEPALIVE_REQUESTS,
+        },
+        "cases": CASES,
+    }
+    with contextlib.ExitStack() as stack:
+        lab.become_child_subreaper()
+        workdir = lab.make_workdir(stack)
+        bpffs = lab.mount_private_bpffs(stack, workdir)
+        object_path = router_object(args)
+        stack.enter_context(RunTimeStats())
+        server_cpus = SERVER_CPUS if args.pin else None
+        targets = [
+            set_up_case(stack, key, workdir, bpffs, object_path, server_cpus) for key in CASES
+        ]
+        report["lab"] = {
+            "bpffs": bpffs,
+            "netns": [target["netns"].name for target in targets],
+            "pin_dirs": [target["layout"].pin_dir for target in targets if target["layout"]],
+        }
+        progress("netns %s; bpffs %s" % (", ".join(report["lab"]["netns"]), bpffs))
+        report["runs"] = run_rounds(targets, args, progress)
+    report["host"]["loadavg_after"] = lab.loadavg()
+    report["summary"] = summarise(report["runs"])
+    report["markdown"] = markdown(report)
+    return report, started.strftime("%Y%m%dT%H%M%SZ")
+
+
+def raise_system_exit(signum, _frame):
+    # SystemExit unwinds through the ExitStack: processes, pins, mount and netns go away.
+    raise SystemExit(128 + signum)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("router_bench.py loads BPF programs and creates network namespaces: run as root")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, raise_system_exit)
+    # Ctrl-C must unwind the clean-up even when started with SIGINT ignored (from a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def progress(text):
+        print(text, file=sys.stderr, flush=True)
+
+    try:
+        report, stamp = bench(args, progress)
+    except KeyboardInterrupt:
+        sys.exit("interrupted; the netns, nginx processes, pins and bpffs mount were removed")
+    markdown_path, json_path = write_report(report, args.output_dir, stamp)
+    print(report["markdown"])
+    print("written: %s, %s" % (markdown_path, json_path))
+
+
+if __name__ == "__main__":
+    main()

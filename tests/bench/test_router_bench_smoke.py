@@ -1,0 +1,129 @@
+"""A one-second run of the data-plane bench: the harness works, reports every row, cleans up.
+
+It checks structure, request counts and where connections went; never speed (the
+machine is shared, so speed belongs to the bench itself, not to a test).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "router_bench.py"
+
+pytestmark = pytest.mark.dataplane
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the bench loads BPF programs and creates network namespaces: run as root")
+    output_dir = tmp_path_factory.mktemp("bench-results")
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--output-dir", str(output_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    json_files = list(output_dir.glob("*.json"))
+    markdown_files = list(output_dir.glob("*.md"))
+    assert len(json_files) == 1 and len(markdown_files) == 1, list(output_dir.iterdir())
+    report = json.loads(json_files[0].read_text())
+    return {"report": report, "markdown": markdown_files[0].read_text(), "stdout": done.stdout}
+
+
+def test_every_case_and_mode_has_a_row_with_requests(quick_report):
+    rows = quick_report["report"]["summary"]["rows"]
+    assert {(row["case"], row["mode"]) for row in rows} == {
+        (case, mode) for case in "abc" for mode in ("keepalive", "close")
+    }
+    for row in rows:
+        assert row["rounds"] == 1, row
+        assert row["requests"] > 0, row
+        assert row["rps_median"] > 0, row
+        assert row["errors"] == 0, row
+        assert 0 < row["p50_us"] <= row["p99_us"], row
+
+
+def test_ratios_decision_times_and_targets_are_reported(quick_report):
+    summary = quick_report["report"]["summary"]
+    assert set(summary["ratios"]) == {"b/a keepalive", "b/a close", "b/c keepalive", "b/c close"}
+    assert all(value > 0 for value in summary["ratios"].values())
+    for key in ("b", "c"):
+        decision = summary["decision"][key]
+        assert decision["run_cnt"] > 0, decision
+        assert decision["mean_ns"] > 0, decision
+        assert decision["histogram_count"] > 0, decision
+        assert decision["p50_ns"] <= decision["p99_ns"], decision
+    assert [target["name"] for target in summary["targets"]] == [
+        "(b)/(a) req/s, keepalive",
+        "(b)/(a) req/s, close",
+        "(b)/(c) req/s, keepalive",
+        "mean decision time (b)",
+        "p99 decision time (b)",
+    ]
+    assert all(isinstance(target["passed"], bool) for target in summary["targets"])
+
+
+def test_weight_100_routes_to_the_engine_and_weight_0_to_the_proxy(quick_report):
+    decision = quick_report["report"]["summary"]["decision"]
+    routed, proxied = decision["b"]["counters"], decision["c"]["counters"]
+    assert routed["to_engine"] > 0 and routed["to_proxy_by_weight"] == 0, routed
+    assert proxied["to_proxy_by_weight"] > 0 and proxied["to_engine"] == 0, proxied
+    for counters in (routed, proxied):
+        assert counters["fallback_no_socket"] == 0 and counters["assign_errors"] == 0, counters
+    # Connection per request: every request of case b was one lookup handed to the engine.
+    close_b = next(
+        run
+        for run in quick_report["report"]["runs"]
+        if run["case"] == "b" and run["mode"] == "close"
+    )
+    assert close_b["router"]["counters"]["to_engine"] >= close_b["requests"]
+
+
+def test_markdown_table_is_printed_and_written(quick_report):
+    assert quick_report["report"]["markdown"] in quick_report["stdout"]
+    tables = {}
+    for block in quick_report["markdown"].split("\n\n"):
+        lines = block.strip().splitlines()
+        if lines and lines[0].startswith("| "):
+            tables[lines[0].split("|")[1].strip()] = lines[2:]  # rows under the header
+    assert {name: len(rows) for name, rows in tables.items()} == {
+        "Case": 6,
+        "Ratio of req/s": 4,
+        "Route decision": 2,
+        "Target": 5,
+    }
+
+
+def test_nothing_is_left_behind(quick_report):
+    lab = quick_report["report"]["lab"]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    for name in lab["netns"]:
+        assert name not in netns.stdout
+    with open("/proc/mounts") as handle:
+        assert lab["bpffs"] not in handle.read()
+    workdir = os.path.dirname(lab["bpffs"])
+    assert not os.path.exists(workdir)
+    assert not processes_mentioning(workdir)
+
+
+def processes_mentioning(text):
+    """Pids whose command line contains text (nginx runs with -p <workdir>/...)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(int(entry))
+    return found
