@@ -1,0 +1,111 @@
+"""Metric names a PromQL expression reads, and the names the fleet really emits.
+
+Used by the rule and dashboard tests to prove that every query reads a metric some part
+of the system produces.
+"""
+
+import pathlib
+import re
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RULES = REPO / "files/prometheus/rules/zerolayer.rules.yml"
+DASHBOARD = REPO / "files/grafana/zerolayer-fleet.json"
+METRICS_DOC = REPO / "docs/metrics.md"
+ENGINE_SIM = REPO / "roles/model_engine/files/zerolayer_engine_sim.py"
+
+# Names emitted by software outside this collection, or written by its playbooks, with
+# who emits each.
+EXTERNAL_METRICS = {
+    # Prometheus itself, one series per scrape target.
+    "up": "prometheus",
+    # NVIDIA dcgm-exporter: frame-buffer memory in use, MiB.
+    "DCGM_FI_DEV_FB_USED": "dcgm-exporter",
+    # node_exporter run with --collector.systemd.
+    "node_systemd_unit_state": "node_exporter",
+    # cAdvisor (cgroup v2, --docker_only=false): per-cgroup memory PSI "some".
+    "container_pressure_memory_waiting_seconds_total": "cadvisor",
+    # The rollout playbooks write these to node_exporter's textfile collector directory.
+    "zerolayer_rollout_stage": "rollout playbooks (node_exporter textfile)",
+    "zerolayer_rollout_weight_ratio": "rollout playbooks (node_exporter textfile)",
+    "zerolayer_rollback_total": "rollout playbooks (node_exporter textfile)",
+}
+
+# Engine metric names that must come from the engines (the simulator proves them here).
+ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total)$")
+
+KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+    "atan2",
+}
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGES = re.compile(r"\[[^\[\]]*\]")
+_LABEL_LISTS = re.compile(
+    r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)", re.IGNORECASE
+)
+_IDENTIFIER = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(\s*\()?")
+
+
+def metric_names(expr):
+    """Metric names read by a PromQL expression (functions and labels left out)."""
+    text = _STRING.sub('""', expr)
+    text = _MATCHERS.sub(" ", text)
+    text = _RANGES.sub(" ", text)
+    text = _LABEL_LISTS.sub(" ", text)
+    names = set()
+    for match in _IDENTIFIER.finditer(text):
+        name, call = match.group(1), match.group(2)
+        if call or name.lower() in KEYWORDS:
+            continue
+        names.add(name)
+    return names
+
+
+def base_name(name):
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def documented_metrics():
+    """Metric names in docs/metrics.md (every `name` in backticks that looks like one)."""
+    names = set()
+    for token in re.findall(r"`([^`\s]+)`", METRICS_DOC.read_text()):
+        token = token.split("{", 1)[0]
+        if re.fullmatch(r"[A-Za-z_:][\w:]*", token) and ("_" in token or ":" in token):
+            names.add(token)
+    return names
+
+
+def scraped_names(text):
+    """Sample names and their families from a Prometheus text exposition."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])
+        elif line and not line.startswith("#"):
+            name = re.match(r"[A-Za-z_:][\w:]*", line).group(0)
+            names.update({name, base_name(name)})
+    return names
+
+
+def recorded_names():
+    import yaml
+
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}

@@ -1,0 +1,182 @@
+"""The Grafana dashboard: well-formed, every query parses and reads real metric names."""
+
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+from promql_names import (
+    DASHBOARD,
+    ENGINE_NAME,
+    EXTERNAL_METRICS,
+    base_name,
+    documented_metrics,
+    metric_names,
+    recorded_names,
+    scraped_names,
+)
+
+# Grafana replaces these before a query reaches Prometheus; promtool sees the stand-ins.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__interval": "30s",
+    "$__range": "6h",
+    "$node": ".*",
+    "$route": ".*",
+}
+
+
+def dashboard():
+    return json.loads(DASHBOARD.read_text())
+
+
+def query_panels():
+    return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
+
+
+def all_queries():
+    """(where, PromQL) for every panel target and annotation query."""
+    queries = []
+    for panel in query_panels():
+        for target in panel["targets"]:
+            queries.append((f"panel '{panel['title']}' {target['refId']}", target["expr"]))
+    for annotation in dashboard()["annotations"]["list"]:
+        if "expr" in annotation:
+            queries.append((f"annotation '{annotation['name']}'", annotation["expr"]))
+    return queries
+
+
+def variable_queries():
+    """The metric selectors inside label_values(...) of the query variables."""
+    selectors = []
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        match = re.fullmatch(r"label_values\((.+),\s*\w+\)", variable["query"]["query"])
+        assert match, f"variable {variable['name']}: expected label_values(selector, label)"
+        selectors.append((f"variable {variable['name']}", match.group(1)))
+    return selectors
+
+
+def substitute(expr):
+    for variable, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr}"
+    return expr
+
+
+def test_dashboard_shape():
+    board = dashboard()
+    assert board["uid"] and board["title"] and board["schemaVersion"] >= 36
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert {"node", "route"} <= set(variables)
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+
+def test_every_panel_has_datasource_and_targets():
+    panels = query_panels()
+    assert panels
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], f"panel '{panel['title']}' has no targets"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert target["expr"].strip(), panel["title"]
+
+
+def test_every_query_parses(promtool, tmp_path):
+    queries = all_queries() + variable_queries()
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{index}", "expr": substitute(expr)}
+                    for index, (_, expr) in enumerate(queries)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"SUCCESS: {len(queries)} rules found" in output, output
+
+
+def test_promtool_rejects_a_broken_query(promtool, tmp_path):
+    # The parse check above is only worth something if promtool does parse PromQL.
+    path = tmp_path / "broken.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "x",
+                        "rules": [{"record": "x:y", "expr": "sum by (node (rate(x[1m]))"}],
+                    }
+                ]
+            }
+        )
+    )
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        (
+            'sum by (node, le) (rate(vllm:time_to_first_token_seconds_bucket{path="direct"}[1m]))',
+            {"vllm:time_to_first_token_seconds_bucket"},
+        ),
+        (
+            'a{x="b c"} > ignoring (path) 1.25 * b:c:d{y=~"e|f"} and on (node) up == 0',
+            {"a", "b:c:d", "up"},
+        ),
+        ("histogram_quantile(0.99, sum by (le) (rate(m_bucket[5m]))) > 5e-06", {"m_bucket"}),
+    ],
+)
+def test_metric_name_extraction(expr, expected):
+    assert metric_names(expr) == expected
+
+
+def test_dashboard_reads_only_metrics_the_system_emits(engine_sim_metrics):
+    documented = documented_metrics()
+    simulated = scraped_names(engine_sim_metrics)
+    recorded = recorded_names()
+    unknown = {}
+    for where, expr in all_queries() + variable_queries():
+        for name in metric_names(expr):
+            if name in recorded or name in EXTERNAL_METRICS:
+                continue
+            base = base_name(name)
+            known = (
+                (name in simulated and base in documented)
+                if ENGINE_NAME.match(base)
+                else base in documented
+            )
+            if not known:
+                unknown.setdefault(where, []).append(name)
+    assert not unknown, f"dashboard reads metrics nothing emits: {unknown}"
+
+
+def test_engine_simulator_labels_requests_by_path(engine_sim_metrics):
+    # Rules and panels split engine latency and errors by `path`; a direct request to the
+    # simulator must carry path="direct".
+    ttft = [
+        line
+        for line in engine_sim_metrics.splitlines()
+        if line.startswith("vllm:time_to_first_token_seconds_count")
+    ]
+    assert ttft, "the simulator exposes no vllm:time_to_first_token_seconds"
+    assert any('path="direct"' in line for line in ttft), ttft
