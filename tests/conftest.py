@@ -41,3 +41,41 @@ def ansible_env() -> dict:
     env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
     env.setdefault("LANG", "C.UTF-8")
     return env
+
+
+# kernel.* and vm.* are shared by every network namespace and container on the machine:
+# no test may change them. These keys move by themselves while the machine runs.
+SELF_CHANGING_KERNEL_KEYS = (
+    "kernel/ns_last_pid",
+    "kernel/random/",
+    "kernel/pty/nr",
+    "kernel/perf_event_max_sample_rate",
+)
+
+
+def host_kernel_settings() -> dict:
+    settings = {}
+    for top in ("/proc/sys/kernel", "/proc/sys/vm"):
+        for directory, _, files in os.walk(top):
+            for name in files:
+                path = os.path.join(directory, name)
+                key = path[len("/proc/sys/") :]
+                if key.startswith(SELF_CHANGING_KERNEL_KEYS):
+                    continue
+                try:
+                    with open(path, encoding="utf-8") as handle:
+                        settings[key] = handle.read().strip()
+                except OSError:
+                    continue
+    return settings
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_kernel_settings_unchanged():
+    """Fails the run if anything it started changed a host-global kernel setting."""
+    before = host_kernel_settings()
+    yield
+    after = host_kernel_settings()
+    changed = {k: (v, after.get(k)) for k, v in before.items() if after.get(k) != v}
+    if changed:
+        pytest.fail(f"host kernel settings changed during the tests (before, after): {changed}")

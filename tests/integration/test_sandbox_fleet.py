@@ -1,0 +1,108 @@
+"""The sandbox fleet: `scripts/sandbox up` gives booted systemd nodes that the sandbox
+inventory finds and Ansible reaches; `scripts/sandbox down` leaves nothing behind.
+
+Runs as root on a machine with podman (the test profile of bindep.txt).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SANDBOX = ROOT / "scripts" / "sandbox"
+LABEL = "zerolayer.sandbox=fleet"
+NETWORK = "zerolayer-sandbox"
+NODES = ["zl-node-01", "zl-node-02"]
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or os.geteuid() != 0,
+    reason="needs root and podman",
+)
+
+
+def run(*argv, check=True):
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "tests" / "sandbox" / "containers.conf"))
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=check)
+
+
+def in_node(node, *argv):
+    return run("podman", "exec", node, *argv, check=False).stdout.strip()
+
+
+def fleet_containers():
+    out = run("podman", "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout
+    return sorted(out.split())
+
+
+def network_exists():
+    return run("podman", "network", "exists", NETWORK, check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    if fleet_containers() or network_exists():
+        pytest.fail("a sandbox fleet is already up; run `scripts/sandbox down` first")
+    try:
+        run(str(SANDBOX), "up", str(len(NODES)))
+        yield NODES
+    finally:
+        run(str(SANDBOX), "down", check=False)
+
+
+def test_up_starts_every_node_with_systemd_running(fleet):
+    assert fleet_containers() == fleet
+    for node in fleet:
+        state = in_node(node, "systemctl", "is-system-running")
+        assert state in {"running", "degraded"}, (node, state)
+        assert in_node(node, "hostname") == node
+
+
+def test_nodes_run_on_runc_with_the_allowed_ulimits(fleet):
+    for node in fleet:
+        inspect = json.loads(run("podman", "inspect", node).stdout)[0]
+        assert inspect["OCIRuntime"] == "runc"
+        assert inspect["HostConfig"]["Privileged"] is True
+        limits = in_node(node, "sh", "-c", "ulimit -Hn; ulimit -Sn").split()
+        assert limits == ["20000", "20000"]
+
+
+def test_nodes_have_bpffs_and_keep_apt_lists(fleet):
+    for node in fleet:
+        assert in_node(node, "findmnt", "-n", "-o", "FSTYPE", "/sys/fs/bpf") == "bpf"
+        lists = in_node(node, "ls", "/var/lib/apt/lists").split()
+        assert any(name.endswith("_Packages") for name in lists)
+
+
+def test_inventory_groups_scale_with_the_fleet(fleet):
+    inventory = json.loads(run("ansible-inventory", "-i", "inventories/sandbox", "--list").stdout)
+    assert sorted(inventory["gpu_nodes"]["hosts"]) == fleet
+    assert inventory["wave_canary"]["hosts"] == fleet[:1]
+    assert sorted(inventory["wave_rest"]["hosts"]) == fleet[1:]
+    assert "monitoring" in inventory["all"]["children"]
+
+
+def test_ansible_reaches_every_node(fleet):
+    result = run(
+        "ansible",
+        "-i",
+        "inventories/sandbox",
+        "gpu_nodes",
+        "-m",
+        "ansible.builtin.ping",
+        "-o",
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for node in fleet:
+        assert f"{node} | SUCCESS" in result.stdout
+
+
+def test_down_removes_everything_and_is_idempotent(fleet):
+    run(str(SANDBOX), "down")
+    assert fleet_containers() == []
+    assert not network_exists()
+    run(str(SANDBOX), "down")
