@@ -87,3 +87,28 @@ def test_role_argument_specs_render(installed, role, tmp_path, tool):
     assert result.returncode == 0, result.stderr
     entry = json.loads(result.stdout)[f"zerolayer.fleet.{role}"]
     assert entry["entry_points"]["main"]["options"], f"{role} documents no options"
+
+
+def test_execution_environment_definition_builds_a_context(installed, tmp_path, tool):
+    """ansible-builder turns execution-environment.yml into a build context with the tarball."""
+    tarball, _, env = installed
+    for name in ("execution-environment.yml", "meta/ee-requirements.txt", "meta/ee-bindep.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes((REPO / name).read_bytes())
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / tarball.name).write_bytes(tarball.read_bytes())
+    context = tmp_path / "context"
+    result = subprocess.run(
+        [tool("ansible-builder"), "create", "-f", "execution-environment.yml", "-c", str(context)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No matches" not in result.stdout, result.stdout
+    containerfile = (context / "Containerfile").read_text()
+    assert "ansible-core==2.19.14" in containerfile
+    shipped = list((context / "_build").rglob(tarball.name))
+    assert shipped, "the collection tarball is not in the build context"
