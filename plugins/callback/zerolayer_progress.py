@@ -1,0 +1,290 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: zerolayer_progress
+type: notification
+short_description: One line per canary gate evaluation, and a final rollout report
+description:
+  - Follows the canary and rollback playbooks (C(playbooks/canary.yml), C(playbooks/rollback.yml))
+    from the results of their tasks and prints compact progress lines next to the normal output.
+  - For every evaluation of M(zerolayer.fleet.canary_gate) (each retry of the hold loop included)
+    one line with the wave, the stage as n/N, the weight, the measured split of the stage (min and
+    max over the nodes, or per node for up to O(split_nodes) nodes), each gate's verdict, the
+    decision and the hold time left.
+  - A line when a stage's weight is confirmed (read back and measured), one per fast or deep
+    rollback report, and at the end of the run a report of every wave's outcome.
+  - It reads results only; it changes nothing and needs nothing from the playbooks beyond their
+    usual tasks.
+version_added: 0.1.0
+author:
+  - Zerolayer Fleet Maintainers (@zerolayer)
+requirements:
+  - Enabled, for example C(ANSIBLE_CALLBACKS_ENABLED=zerolayer.fleet.zerolayer_progress) or
+    C(callbacks_enabled = zerolayer.fleet.zerolayer_progress) in C(ansible.cfg).
+options:
+  split_nodes:
+    description: Show the measured split per node up to this many nodes; above it, min and max.
+    type: int
+    default: 4
+    ini:
+      - section: callback_zerolayer_progress
+        key: split_nodes
+    env:
+      - name: ZEROLAYER_PROGRESS_SPLIT_NODES
+  prefix:
+    description: Text that starts every line, so a log can be filtered for them.
+    type: str
+    default: "[zerolayer]"
+    ini:
+      - section: callback_zerolayer_progress
+        key: prefix
+    env:
+      - name: ZEROLAYER_PROGRESS_PREFIX
+"""
+
+EXAMPLES = r"""
+# ansible.cfg
+# [defaults]
+# callbacks_enabled = zerolayer.fleet.zerolayer_progress
+#
+# Output while a stage holds:
+# [zerolayer] wave wave_canary | stage 2/4 | weight 5% | split 4.8..5.3% (3 nodes)
+#   | route_decision_p99=pass success_rate=pass gpu_memory_spike=pass | pass -> continue
+#   | hold 3h12m left
+"""
+
+# ansible-doc reads DOCUMENTATION and EXAMPLES before any import.
+from ansible.plugins.callback import CallbackBase  # noqa: E402
+
+ROLLOUT_STATE = "rollout_state"
+CANARY_GATE = "canary_gate"
+
+
+def short_action(task):
+    """The module's short name, whatever way the task named it."""
+    action = getattr(task, "resolved_action", None) or task.action or ""
+    return action.rsplit(".", 1)[-1]
+
+
+def wave_of(rollout_id):
+    """canary.yml names each wave's record <rollout>:<wave>."""
+    if not rollout_id:
+        return "-"
+    rollout, _, wave = str(rollout_id).rpartition(":")
+    return wave if rollout else str(rollout_id)
+
+
+def format_seconds(value):
+    if value is None:
+        return "-"
+    seconds = round(float(value))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return "%dh%02dm" % (hours, minutes)
+    if minutes:
+        return "%dm%02ds" % (minutes, seconds)
+    return "%ds" % seconds
+
+
+def format_weight(value):
+    if value is None:
+        return "-"
+    number = float(value)
+    return ("%d%%" % number) if number.is_integer() else ("%s%%" % number)
+
+
+def format_split(split, per_node_limit):
+    """Measured split from canary.yml's {node: {measured_pct, connections, ok}}."""
+    if not split:
+        return "split -"
+    measured = {
+        node: entry.get("measured_pct")
+        for node, entry in sorted(split.items())
+        if isinstance(entry, dict)
+    }
+    known = [value for value in measured.values() if value is not None]
+    if len(measured) <= per_node_limit:
+        parts = [
+            "%s %s" % (node, "-" if value is None else "%.2f%%" % float(value))
+            for node, value in measured.items()
+        ]
+        return "split " + ", ".join(parts)
+    if not known:
+        return "split - (%d nodes)" % len(measured)
+    return "split %.2f..%.2f%% (%d nodes)" % (
+        min(float(v) for v in known),
+        max(float(v) for v in known),
+        len(measured),
+    )
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "notification"
+    CALLBACK_NAME = "zerolayer.fleet.zerolayer_progress"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self):
+        super().__init__()
+        self.waves = {}
+        self.split = {}
+        self.rollbacks = []
+
+    # ------------------------------------------------------------ state
+
+    def _wave(self, rollout_id):
+        name = wave_of(rollout_id)
+        return self.waves.setdefault(name, {"wave": name})
+
+    def _line(self, text):
+        self._display.display("%s %s" % (self.get_option("prefix"), text))
+
+    def _note_rollout_state(self, result):
+        summary = result.get("summary")
+        if not isinstance(summary, dict):
+            return
+        wave = self._wave(summary.get("rollout_id"))
+        previous_stage = wave.get("stage_number")
+        wave.update(summary)
+        if previous_stage != summary.get("stage_number"):
+            self.split.pop(wave["wave"], None)
+
+    def _note_split(self, facts):
+        split = facts.get("_canary_measured_split")
+        if not isinstance(split, dict):
+            return
+        # The split belongs to the wave whose stage was just started.
+        current = max(
+            self.waves.values(),
+            key=lambda wave: wave.get("updated_at") or "",
+            default=None,
+        )
+        name = current["wave"] if current else "-"
+        self.split[name] = split
+        stage = "%s/%s" % (current.get("stage_number", "?"), current.get("stage_count", "?"))
+        off = sorted(node for node, entry in split.items() if not entry.get("ok"))
+        self._line(
+            "wave %s | stage %s | weight %s | weight confirmed | %s%s"
+            % (
+                name,
+                stage,
+                format_weight(current.get("weight") if current else None),
+                format_split(split, self.get_option("split_nodes")),
+                " | OFF: %s" % ", ".join(off) if off else " | within tolerance",
+            )
+        )
+
+    def _show_evaluation(self, result, final):
+        wave = self._wave(result.get("rollout_id"))
+        stage = result.get("stage")
+        stage_count = wave.get("stage_count", "?")
+        gates = " ".join(
+            "%s=%s" % (gate.get("name"), gate.get("verdict"))
+            for gate in result.get("gates") or []
+            if isinstance(gate, dict)
+        )
+        wave["last_verdict"] = result.get("verdict")
+        wave["last_decision"] = result.get("decision")
+        self._line(
+            "wave %s | stage %s/%s | weight %s | %s | %s | %s -> %s | hold %s left%s"
+            % (
+                wave["wave"],
+                (stage + 1) if isinstance(stage, int) else "?",
+                stage_count,
+                format_weight(result.get("weight")),
+                format_split(self.split.get(wave["wave"]), self.get_option("split_nodes")),
+                gates or "no gates",
+                result.get("verdict"),
+                result.get("decision"),
+                format_seconds(result.get("hold_remaining_s")),
+                (" (%s)" % result.get("decision_reason"))
+                if final and result.get("decision") in ("rollback", "pause")
+                else "",
+            )
+        )
+
+    def _note_rollback(self, facts):
+        report = facts.get("_rollback_report")
+        if not isinstance(report, dict):
+            return
+        self.rollbacks.append(report)
+        self._line(
+            "%s rollback | %s/%s nodes confirmed | %ss (budget %ss, %s) | unreachable %s"
+            " | not confirmed %s"
+            % (
+                report.get("mode"),
+                report.get("nodes_confirmed"),
+                report.get("nodes_total"),
+                report.get("wall_time_s"),
+                report.get("budget_s"),
+                "within" if report.get("within_budget") else "OVER",
+                ", ".join(report.get("unreachable") or []) or "none",
+                ", ".join(report.get("not_confirmed") or []) or "none",
+            )
+        )
+
+    def _handle(self, result, final):
+        data = result._result
+        if not isinstance(data, dict) or (data.get("failed") and "verdict" not in data):
+            return
+        action = short_action(result._task)
+        if action == CANARY_GATE and "decision" in data:
+            self._show_evaluation(data, final)
+        elif action == ROLLOUT_STATE:
+            self._note_rollout_state(data)
+        facts = data.get("ansible_facts")
+        if isinstance(facts, dict):
+            self._note_split(facts)
+            self._note_rollback(facts)
+
+    # ------------------------------------------------------------ hooks
+
+    def v2_runner_on_ok(self, result):
+        self._handle(result, final=True)
+
+    def v2_runner_item_on_ok(self, result):
+        self._handle(result, final=True)
+
+    def v2_runner_retry(self, result):
+        self._handle(result, final=False)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._handle(result, final=True)
+
+    def v2_playbook_on_stats(self, stats):
+        if not self.waves and not self.rollbacks:
+            return
+        self._line("report")
+        for name, wave in sorted(self.waves.items()):
+            if "outcome" not in wave:
+                continue
+            self._line(
+                "  wave %s: %s at stage %s/%s (%s, %s)%s%s"
+                % (
+                    name,
+                    wave.get("outcome"),
+                    wave.get("stage_number"),
+                    wave.get("stage_count"),
+                    format_weight(wave.get("weight")),
+                    wave.get("stage_status"),
+                    " | last gates %s -> %s" % (wave.get("last_verdict"), wave.get("last_decision"))
+                    if wave.get("last_verdict")
+                    else "",
+                    " | paused: %s" % wave.get("pause_reason") if wave.get("paused") else "",
+                )
+            )
+        for report in self.rollbacks:
+            self._line(
+                "  %s rollback: %s/%s nodes in %ss (budget %ss)"
+                % (
+                    report.get("mode"),
+                    report.get("nodes_confirmed"),
+                    report.get("nodes_total"),
+                    report.get("wall_time_s"),
+                    report.get("budget_s"),
+                )
+            )

@@ -1,0 +1,269 @@
+"""The sandbox fleet for the playbook tests: up once per module, always torn down.
+
+`scripts/sandbox up N` starts the nodes, `playbooks/site.yml` provisions them, and every
+test drives `ansible-playbook` against them from this checkout. The fixture's finalizer
+runs `scripts/sandbox down` whatever happened, and stops any load client still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX = REPO / "scripts" / "sandbox"
+LOAD_CLIENT = REPO / "files" / "load" / "zerolayer_load.py"
+DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
+NETWORK = "zerolayer-sandbox"
+NODE_COUNT = int(os.environ.get("ZEROLAYER_PLAYBOOK_NODES", "3"))
+INVENTORY = os.environ.get("ZEROLAYER_PLAYBOOK_INVENTORY", str(REPO / "inventories" / "sandbox"))
+SITE = os.environ.get("ZEROLAYER_PLAYBOOK_SITE", str(REPO / "playbooks" / "site.yml"))
+# Set to reuse a fleet someone already started and provisioned (it is then left running).
+REUSE = os.environ.get("ZEROLAYER_PLAYBOOK_REUSE_FLEET") == "1"
+
+
+def podman(env, *argv, check=True):
+    return subprocess.run(
+        ["podman", *argv], env=env, check=check, capture_output=True, text=True, timeout=120
+    )
+
+
+class Fleet:
+    """The provisioned sandbox fleet and the commands the tests need on it."""
+
+    def __init__(self, env, workdir):
+        self.env = env
+        self.workdir = workdir
+        inventory = json.loads(
+            subprocess.run(
+                ["ansible-inventory", "-i", INVENTORY, "--list"],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+            ).stdout
+        )
+        self.inventory = inventory
+        self.nodes = sorted(inventory["gpu_nodes"]["hosts"])
+        self.node_vars = inventory["_meta"]["hostvars"]
+        first = self.node_vars[self.nodes[0]]
+        self.route = first["ebpf_router_routes"][0]
+        self.engine = first["model_engine_services"][0]
+        self.api_key = first["zerolayer_api_keys"][0]
+        monitoring = inventory.get("monitoring", {}).get("hosts", [])
+        self.monitoring = monitoring[0] if monitoring else None
+        self.prometheus_url = os.environ.get("ZEROLAYER_PROMETHEUS_URL") or (
+            "http://%s:9090" % self.address(self.monitoring)
+        )
+        self.key_file = workdir / "api-key"
+        self.key_file.write_text(self.api_key + "\n")
+        self.key_file.chmod(0o600)
+
+    def address(self, node):
+        return podman(
+            self.env,
+            "inspect",
+            "--format",
+            '{{(index .NetworkSettings.Networks "%s").IPAddress}}' % NETWORK,
+            node,
+        ).stdout.strip()
+
+    def exec(self, node, *argv, check=True):
+        return podman(self.env, "exec", node, *argv, check=check)
+
+    def routes(self, node):
+        """{route: (weight_bp, generation)} read on the node with zerolayer-routectl."""
+        shown = json.loads(self.exec(node, "/usr/local/sbin/zerolayer-routectl", "show").stdout)
+        return {r["name"]: (r["weight_bp"], r["generation"]) for r in shown["routes"]}
+
+    def weights(self):
+        return {node: self.routes(node) for node in self.nodes}
+
+    def set_weight(self, percent, check=True):
+        for node in self.nodes:
+            self.exec(
+                node,
+                "/usr/local/sbin/zerolayer-routectl",
+                "set-weight",
+                "--route",
+                self.route["name"],
+                "--weight",
+                str(percent),
+                check=check,
+            )
+
+    def node_record(self, node):
+        result = self.exec(node, "cat", "/var/lib/zerolayer/rollout.json", check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def admin_file(self):
+        return "/etc/zerolayer/engines/%s/sim-admin.json" % self.engine["name"]
+
+    def set_error_rate(self, rate):
+        """The simulator re-reads its admin file on the next request (roles/model_engine)."""
+        settings = {"error_rate": rate, "error_status": 503}
+        for node in self.nodes:
+            self.exec(
+                node,
+                "python3",
+                "-c",
+                "import json,sys; p=sys.argv[1]; d=json.load(open(p));"
+                " d.update(json.loads(sys.argv[2])); open(p,'w').write(json.dumps(d))",
+                self.admin_file(),
+                json.dumps(settings),
+            )
+
+    def playbook(self, name, *extra, inventories=(), timeout=900, background=False):
+        argv = ["ansible-playbook", "-i", INVENTORY]
+        for inventory in inventories:
+            argv += ["-i", str(inventory)]
+        argv += [str(REPO / "playbooks" / name), *extra]
+        env = dict(self.env)
+        env["ANSIBLE_CALLBACKS_ENABLED"] = "zerolayer.fleet.zerolayer_progress"
+        if background:
+            log = open(self.workdir / ("%s-%d.log" % (name, time.time_ns())), "w")
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started = time.monotonic()
+        result = subprocess.run(
+            argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        )
+        result.wall_s = time.monotonic() - started
+        return result
+
+    def canary(self, rollout_id, record_dir, *extra, **kwargs):
+        return self.playbook(
+            "canary.yml",
+            "-e",
+            "@%s" % DRILL_VARS,
+            "-e",
+            "canary_prometheus_url=%s" % self.prometheus_url,
+            "-e",
+            "canary_record_dir=%s" % record_dir,
+            "-e",
+            "canary_rollout_id=%s" % rollout_id,
+            *extra,
+            **kwargs,
+        )
+
+
+class Load:
+    """zerolayer_load.py on the controller against every node's service port."""
+
+    def __init__(self, fleet, name):
+        self.summary = fleet.workdir / ("load-%s.json" % name)
+        self.stop_file = fleet.workdir / ("load-%s.stop" % name)
+        argv = [
+            "python3",
+            str(LOAD_CLIENT),
+            "--api-key-file",
+            str(fleet.key_file),
+            "--model",
+            fleet.engine["model"],
+            "--concurrency",
+            "4",
+            "--rate",
+            "60",
+            "--stream-percent",
+            "10",
+            "--duration",
+            "1800",
+            "--stop-file",
+            str(self.stop_file),
+            "--summary",
+            str(self.summary),
+        ]
+        for node in fleet.nodes:
+            argv += ["--target", "%s:%d" % (fleet.address(node), fleet.route["port"])]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not self.summary.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def stop(self):
+        """Stop sending, let requests in flight finish, return the final summary."""
+        if self.process.poll() is None:
+            self.stop_file.touch()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return json.loads(self.summary.read_text())
+
+
+@pytest.fixture(scope="module")
+def fleet(ansible_env):
+    if shutil.which("podman") is None:
+        pytest.fail("podman is needed for the sandbox fleet")
+    workdir = Path(tempfile.mkdtemp(prefix="zl-playbooks-"))
+    try:
+        if not REUSE:
+            subprocess.run(
+                [str(SANDBOX), "up", str(NODE_COUNT)], env=ansible_env, check=True, timeout=900
+            )
+            provisioned = subprocess.run(
+                ["ansible-playbook", "-i", INVENTORY, SITE],
+                env=ansible_env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=2400,
+            )
+            assert provisioned.returncode == 0, provisioned.stdout[-4000:]
+        yield Fleet(ansible_env, workdir)
+    finally:
+        if not REUSE:
+            subprocess.run([str(SANDBOX), "down"], env=ansible_env, check=False, timeout=300)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def load(fleet):
+    """A load client per test; stopped at the end of the test whatever happens."""
+    started = []
+
+    def start(name):
+        client = Load(fleet, name)
+        started.append(client)
+        return client
+
+    yield start
+    for client in started:
+        if client.process.poll() is None:
+            client.process.send_signal(signal.SIGTERM)
+            try:
+                client.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                client.process.kill()
+                client.process.wait()
+
+
+@pytest.fixture
+def records(tmp_path):
+    """A fresh controller record directory per test."""
+    return tmp_path / "rollouts"
+
+
+@pytest.fixture
+def baseline(fleet):
+    """Every route at weight 0 before the test and after it."""
+    fleet.set_weight(0)
+    yield
+    # The deep rollback test removes the router: nothing to reset there.
+    fleet.set_weight(0, check=False)

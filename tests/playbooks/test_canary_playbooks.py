@@ -1,0 +1,285 @@
+"""canary.yml and rollback.yml driven by ansible-playbook against the sandbox fleet.
+
+One fleet for the module (conftest.py). Each test starts from weight 0 everywhere and a
+fresh controller record directory; the deep rollback, which removes the router, runs last.
+Schedules are compressed to seconds (tests/playbooks/drill_vars.yml and per-test -e).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+pytestmark = pytest.mark.sandbox
+
+TWO_WAVES = json.dumps(
+    {
+        "canary_waves": ["wave_canary", "wave_rest"],
+        "canary_schedule": [
+            {"weight": 1, "hold": 10},
+            {"weight": 5, "hold": 10},
+            {"weight": 20, "hold": 10},
+            {"weight": 100, "hold": 0},
+        ],
+        "canary_wave_schedules": {
+            "wave_rest": [{"weight": 20, "hold": 10}, {"weight": 100, "hold": 0}]
+        },
+    }
+)
+
+
+def recap(output):
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP."""
+    counts = {}
+    for line in output.split("PLAY RECAP", 1)[-1].splitlines():
+        match = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        if match:
+            counts[match.group(1)] = {
+                key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(2))
+            }
+    return counts
+
+
+def record(records, rollout_id, wave):
+    return json.loads((records / rollout_id / ("%s.json" % wave)).read_text())
+
+
+def rollback_report(records):
+    reports = sorted(records.glob("rollback-*.json"))
+    assert reports, "no rollback report written under %s" % records
+    return json.loads(reports[-1].read_text())
+
+
+def test_bad_schedule_or_gates_change_nothing(fleet, records, baseline):
+    before = fleet.weights()
+    bad_schedule = fleet.canary(
+        "bad-schedule",
+        records,
+        "-e",
+        json.dumps({"canary_schedule": [{"weight": 5, "hold": 10}, {"weight": 3, "hold": 10}]}),
+    )
+    assert bad_schedule.returncode != 0
+    assert "schedule[1].weight must be greater" in bad_schedule.stdout
+
+    bad_gate = fleet.canary(
+        "bad-gate",
+        records,
+        "-e",
+        json.dumps(
+            {
+                "canary_gates": [
+                    {"name": "success_rate", "query": "up", "comparison": "=~", "threshold": 1}
+                ]
+            }
+        ),
+    )
+    assert bad_gate.returncode != 0
+    assert "comparison" in bad_gate.stdout
+
+    bad_action = fleet.canary("bad-action", records, "-e", "canary_action=skip")
+    assert bad_action.returncode != 0
+    assert "canary_action must be one of" in bad_action.stdout
+
+    assert fleet.weights() == before, "weights or generations changed"
+    assert not list(records.glob("**/*.json")), "a record was written"
+
+
+def test_pass_path_to_full_weight_then_rerun_changes_nothing(fleet, records, baseline, load):
+    client = load("pass")
+    run = fleet.canary("pass", records, "-e", TWO_WAVES)
+    summary = client.stop()
+    assert run.returncode == 0, run.stdout[-6000:]
+
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 10000, node
+    assert summary["requests_failed"] == 0, summary.get("failures")
+    assert summary["paths"]["direct"]["requests"] > 0
+    assert summary["paths"]["proxy"]["requests"] > 0
+
+    for wave in ("wave_canary", "wave_rest"):
+        kept = record(records, "pass", wave)
+        assert kept["outcome"] == "completed"
+        assert [stage["how"] for stage in kept["completed_stages"]] == ["stage_completed"] * len(
+            kept["schedule"]
+        )
+        assert kept["rollback"] is None
+    for node in fleet.nodes:
+        assert fleet.node_record(node)["outcome"] == "completed", node
+    # The progress callback printed one line per evaluation and the final report.
+    assert "[zerolayer] wave wave_canary | stage 1/4 | weight 1%" in run.stdout
+    assert "[zerolayer]   wave wave_rest: completed" in run.stdout
+
+    before = fleet.weights()
+    again = fleet.canary("pass", records, "-e", TWO_WAVES)
+    assert again.returncode == 0, again.stdout[-6000:]
+    counts = recap(again.stdout)
+    assert set(counts) >= set(fleet.nodes)
+    assert all(count["changed"] == 0 for count in counts.values()), counts
+    assert fleet.weights() == before
+
+
+def test_injected_errors_fail_a_gate_and_roll_back(fleet, records, baseline, load):
+    client = load("errors")
+    try:
+        fleet.set_error_rate(0.2)
+        run = fleet.canary(
+            "errors",
+            records,
+            "-e",
+            json.dumps(
+                {"canary_schedule": [{"weight": 5, "hold": 60}, {"weight": 100, "hold": 0}]}
+            ),
+        )
+    finally:
+        fleet.set_error_rate(0.0)
+        client.stop()
+    assert run.returncode != 0
+    assert "rolled back" in run.stdout
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+    kept = record(records, "errors", "gpu_nodes")
+    assert kept["outcome"] == "rolled_back"
+    assert kept["verdicts"][-1]["gates"]["success_rate"] == "fail"
+    assert kept["verdicts"][-1]["decision"] == "rollback"
+    report = rollback_report(records)
+    assert report["nodes_confirmed"] == len(fleet.nodes)
+    assert report["mode"] == "fast"
+
+
+def test_unreachable_prometheus_holds_and_never_rolls_back(fleet, records, baseline, load):
+    assert fleet.monitoring, "the inventory names no monitoring host"
+    client = load("holds")
+    fleet.exec(fleet.monitoring, "systemctl", "stop", "prometheus.service")
+    try:
+        run = fleet.canary(
+            "holds",
+            records,
+            "-e",
+            json.dumps(
+                {
+                    "canary_schedule": [{"weight": 5, "hold": 10}, {"weight": 100, "hold": 0}],
+                    "canary_max_holds": 2,
+                }
+            ),
+        )
+    finally:
+        fleet.exec(fleet.monitoring, "systemctl", "start", "prometheus.service")
+        client.stop()
+    assert run.returncode != 0
+    assert "paused at stage 1" in run.stdout
+    kept = record(records, "holds", "gpu_nodes")
+    assert kept["outcome"] == "paused"
+    assert kept["rollback"] is None
+    assert {verdict["verdict"] for verdict in kept["verdicts"]} == {"hold"}
+    # No rollback: the stage's weight is still in place on every node.
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 500, node
+    assert not list(records.glob("rollback-*.json"))
+
+
+def test_interrupted_run_resumes_with_the_remaining_hold(fleet, records, baseline, load):
+    hold_s = 40
+    schedule = json.dumps(
+        {"canary_schedule": [{"weight": 5, "hold": hold_s}, {"weight": 100, "hold": 0}]}
+    )
+    client = load("resume")
+    try:
+        first = fleet.canary("resume", records, "-e", schedule, background=True)
+        path = records / "resume" / "gpu_nodes.json"
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and first.poll() is None:
+            if path.exists() and json.loads(path.read_text())["stage"]["status"] == "holding":
+                break
+            time.sleep(1)
+        held = json.loads(path.read_text())
+        assert held["stage"]["status"] == "holding", "the first run never reached its hold"
+        time.sleep(5)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+        second = fleet.canary("resume", records, "-e", schedule)
+    finally:
+        client.stop()
+    assert second.returncode == 0, second.stdout[-6000:]
+    kept = record(records, "resume", "gpu_nodes")
+    assert kept["outcome"] == "completed"
+    first_stage = kept["completed_stages"][0]
+    # The hold kept its first start: the second run held only what was left of it.
+    assert first_stage["hold_started_at"] == held["stage"]["hold_started_at"]
+    assert [t["action"] for t in kept["transitions"]].count("hold_started") == 2  # stage 1 and 2
+    assert [t["stage"] for t in kept["transitions"] if t["action"] == "stage_started"] == [0, 1]
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 10000, node
+
+
+def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
+    fleet, records, baseline, tmp_path
+):
+    fleet.set_weight(50)
+    gone = tmp_path / "gone.ini"
+    gone.write_text("[gpu_nodes]\nzl-node-gone ansible_connection=containers.podman.podman\n")
+
+    run = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
+    assert run.returncode == 0, run.stdout[-6000:]
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+    report = rollback_report(records)
+    assert report["mode"] == "fast"
+    assert report["nodes_confirmed"] == report["nodes_total"] == len(fleet.nodes)
+    assert report["wall_time_s"] > 0
+    assert report["budget_s"] == 30
+    print(
+        "fast rollback: report wall_time_s=%s, ansible-playbook wall %.2f s"
+        % (report["wall_time_s"], run.wall_s)
+    )
+
+    # A node that cannot be reached is named, the others still roll back, the exit is non-zero.
+    fleet.set_weight(50)
+    for stale in records.glob("rollback-*.json"):
+        stale.unlink()
+    partial = fleet.playbook(
+        "rollback.yml", "-e", "canary_record_dir=%s" % records, inventories=[gone]
+    )
+    assert partial.returncode != 0
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+    report = rollback_report(records)
+    assert report["nodes_confirmed"] == len(fleet.nodes)
+    assert "zl-node-gone" in report["unreachable"] + report["not_confirmed"]
+
+
+def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
+    fleet.set_weight(100)
+    run = fleet.playbook(
+        "rollback.yml", "-e", "rollback_mode=deep", "-e", "canary_record_dir=%s" % records
+    )
+    assert run.returncode == 0, run.stdout[-6000:]
+    report = rollback_report(records)
+    assert report["mode"] == "deep"
+    assert report["nodes_confirmed"] == len(fleet.nodes)
+    assert report["budget_s"] == 300
+    print(
+        "deep rollback: report wall_time_s=%s, ansible-playbook wall %.2f s"
+        % (report["wall_time_s"], run.wall_s)
+    )
+    for node in fleet.nodes:
+        assert fleet.exec(node, "test", "-e", "/sys/fs/bpf/zerolayer", check=False).returncode != 0
+        answer = fleet.exec(
+            node,
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+            "-H",
+            "Authorization: Bearer %s" % fleet.api_key,
+            "http://127.0.0.1:%d/v1/models" % fleet.route["port"],
+        ).stdout
+        assert "X-Zerolayer-Path: proxy" in answer, (node, answer)
+        assert " 200 " in answer.splitlines()[0], (node, answer)
