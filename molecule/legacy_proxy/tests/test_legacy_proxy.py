@@ -1,0 +1,182 @@
+"""Verify the legacy proxy (real nginx) in front of the CPU engine simulator.
+
+The engine is the simulator (a test double for a GPU engine); nginx, systemd, TLS and the
+sockets are real. Requests are made inside the node with curl, verifying the certificate.
+"""
+
+import json
+import shlex
+import time
+
+import pytest
+
+KEYS = ("sk-molecule-proxy-key-0001", "sk-molecule-proxy-key-0002.With+Odd/Chars=")
+SERVICE_PORT = 8000
+ENGINE_PORT = 8101
+CA = "/etc/nginx/zerolayer/tls.crt"
+ADMIN_FILE = "/etc/zerolayer/engines/chat_sim/sim-admin.json"
+UNAUTHORIZED = '{"error":"Unauthorized"}'
+RESTART_DEADLINE_S = 120
+
+
+def request(host, port, path, *options, authorization=None):
+    """Status, headers (name -> list of values) and body of an HTTPS request in the node."""
+    argv = ["curl", "-sS", "-i", "--max-time", "60", "--cacert", CA]
+    if authorization is not None:
+        argv += ["-H", "Authorization: " + authorization]
+    argv += [*options, "https://127.0.0.1:%d%s" % (port, path)]
+    result = host.run(" ".join(shlex.quote(part) for part in argv))
+    assert result.rc == 0, result.stderr
+    head, _sep, body = result.stdout.replace("\r\n", "\n").partition("\n\n")
+    lines = head.splitlines()
+    headers = {}
+    for line in lines[1:]:
+        name, _sep, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), []).append(value.strip())
+    return int(lines[0].split()[1]), headers, body
+
+
+def chat(host, port=SERVICE_PORT, stream=False, key=KEYS[0], authorization=None):
+    body = json.dumps(
+        {
+            "model": "zerolayer/sim-chat-8b",
+            "stream": stream,
+            "messages": [{"role": "user", "content": "through the proxy"}],
+        }
+    )
+    if authorization is None and key is not None:
+        authorization = "Bearer " + key
+    return request(
+        host,
+        port,
+        "/v1/chat/completions",
+        "-N",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        authorization=authorization,
+    )
+
+
+def write_admin_file(host, content):
+    result = host.run(
+        "printf '%%s' %s > %s.tmp && mv %s.tmp %s", content, ADMIN_FILE, ADMIN_FILE, ADMIN_FILE
+    )
+    assert result.rc == 0, result.stderr
+
+
+def test_nginx_runs_and_keeps_the_service_port(host):
+    nginx = host.service("nginx")
+    assert nginx.is_running and nginx.is_enabled
+    assert host.socket("tcp://0.0.0.0:%d" % SERVICE_PORT).is_listening
+    owner = host.run("ss -Hltnp 'sport = :%d'" % SERVICE_PORT).stdout
+    assert '"nginx"' in owner
+
+
+def test_configuration_is_valid_and_root_only(host):
+    config = host.file("/etc/nginx/nginx.conf")
+    assert (config.user, config.mode) == ("root", 0o600)
+    assert host.run("nginx -t").rc == 0
+    key = host.file("/etc/nginx/zerolayer/tls.key")
+    assert (key.user, key.mode) == ("root", 0o600)
+
+
+def test_healthz_answers_on_the_proxy(host):
+    status, headers, body = request(host, SERVICE_PORT, "/healthz")
+    assert (status, body) == (200, "ok\n")
+    assert headers["x-zerolayer-path"] == ["proxy"]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_completion_is_forwarded_with_each_key(host, key):
+    status, headers, body = chat(host, key=key)
+    assert status == 200
+    # The engine's own "direct" is replaced, not joined.
+    assert headers["x-zerolayer-path"] == ["proxy"]
+    assert headers["x-zerolayer-engine"] == ["simulator"]
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+
+
+def test_streaming_through_the_proxy(host):
+    status, headers, body = chat(host, stream=True)
+    assert status == 200
+    assert headers["x-zerolayer-path"] == ["proxy"]
+    assert headers["content-type"][0].startswith("text/event-stream")
+    events = [block[len("data: ") :] for block in body.split("\n\n") if block.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        json.loads(event)["choices"][0]["delta"].get("content", "") for event in events[:-1]
+    )
+    assert len(text.split()) == 8
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer sk-molecule-proxy-key-9999",
+        "bearer " + KEYS[0],
+        "Bearer " + KEYS[0].upper(),
+        "Bearer " + KEYS[1].replace(".", "x"),
+        "Bearer " + KEYS[0] + "0",
+    ],
+)
+def test_bad_keys_get_the_same_401_on_both_paths(host, authorization):
+    via_proxy = chat(host, key=None, authorization=authorization)
+    direct = chat(host, port=ENGINE_PORT, key=None, authorization=authorization)
+    assert via_proxy[0] == direct[0] == 401
+    assert via_proxy[2] == direct[2] == UNAUTHORIZED
+    assert via_proxy[1]["content-type"] == direct[1]["content-type"] == ["application/json"]
+    assert via_proxy[1]["x-zerolayer-path"] == ["proxy"]
+    assert direct[1]["x-zerolayer-path"] == ["direct"]
+
+
+def test_direct_path_serves_the_same_certificate(host):
+    script = (
+        "import ssl; print(ssl.get_server_certificate(('127.0.0.1', %d)) == "
+        "ssl.get_server_certificate(('127.0.0.1', %d)))" % (SERVICE_PORT, ENGINE_PORT)
+    )
+    assert host.run("python3 -c %s" % shlex.quote(script)).stdout.strip() == "True"
+    assert chat(host, port=ENGINE_PORT)[0] == 200
+    plain = host.run("curl -sS --max-time 10 http://127.0.0.1:%d/health" % ENGINE_PORT)
+    assert plain.rc != 0
+
+
+def test_engine_keys_and_certificate_are_private(host):
+    for name in ("api-keys", "tls.key", "tls.crt"):
+        secret = host.file("/etc/zerolayer/engine-secrets/" + name)
+        assert (secret.user, secret.mode) == ("zerolayer-engine", 0o600), name
+
+
+def test_upstream_connections_are_kept_alive(host):
+    for _request in range(3):
+        assert chat(host)[0] == 200
+    idle = host.run("ss -Htn state established '( dport = :%d )'" % ENGINE_PORT).stdout
+    assert idle.strip(), "nginx kept no connection open to the engine"
+
+
+def test_engine_errors_pass_through_the_proxy(host):
+    original = host.file(ADMIN_FILE).content_string
+    try:
+        write_admin_file(host, json.dumps({"error_rate": 1.0, "error_status": 503}))
+        status, headers, body = chat(host)
+        assert status == 503
+        assert headers["x-zerolayer-path"] == ["proxy"]
+        assert "injected" in json.loads(body)["message"]
+    finally:
+        write_admin_file(host, original)
+    assert chat(host)[0] == 200
+
+
+def test_restart_takes_seconds_and_serves_again(host):
+    started = time.monotonic()
+    assert host.run("systemctl restart nginx").rc == 0
+    elapsed = time.monotonic() - started
+    # Reported, not asserted: the test machine is shared and its timing is noisy.
+    print("nginx restart took %.2f s" % elapsed)
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while not host.socket("tcp://0.0.0.0:%d" % SERVICE_PORT).is_listening:
+        assert time.monotonic() < deadline, "nginx did not listen again after a restart"
+        time.sleep(0.2)
+    assert chat(host)[0] == 200

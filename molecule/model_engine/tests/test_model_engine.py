@@ -1,0 +1,383 @@
+"""Verify the model_engine role on a sandbox node, against real systemd, cgroups and sockets.
+
+chat_sim is the CPU engine simulator (a test double for a GPU engine) and runs for real.
+llama_vllm and embed_triton need a GPU: their units are rendered and loaded by systemd
+(state: present) and checked as systemd parsed them, never started.
+The router's registration command is a recording TEST DOUBLE (see ../doubles).
+"""
+
+import json
+import shlex
+import time
+
+import pytest
+
+KEY = "sk-molecule-engine-key-0001"
+SIM = "zerolayer-engine-chat_sim"
+SIM_PORT = 8101
+ADMIN_FILE = "/etc/zerolayer/engines/chat_sim/sim-admin.json"
+SECRETS = "/etc/zerolayer/engine-secrets"
+REGISTER_LOG = "/run/zerolayer-register-engine-double.log"
+UNAUTHORIZED = '{"error":"Unauthorized"}'
+RESTART_DEADLINE_S = 120
+
+
+def unit_properties(host, unit, *names):
+    result = host.run("systemctl show --property=%s %s", ",".join(names), unit)
+    assert result.rc == 0, result.stderr
+    props = {}
+    for line in result.stdout.splitlines():
+        name, _sep, value = line.partition("=")
+        # Commands such as ExecStartPost come once per command line.
+        props[name] = props[name] + "\n" + value if name in props else value
+    return props
+
+
+def curl(host, path, *options, key=KEY, port=SIM_PORT):
+    """Status line, headers and body of a request made inside the node."""
+    argv = ["curl", "-sS", "-i", "--max-time", "60"]
+    if key is not None:
+        argv += ["-H", "Authorization: Bearer " + key]
+    argv += [*options, "http://127.0.0.1:%d%s" % (port, path)]
+    result = host.run(" ".join(shlex.quote(part) for part in argv))
+    assert result.rc == 0, result.stderr
+    head, _sep, body = result.stdout.replace("\r\n", "\n").partition("\n\n")
+    lines = head.splitlines()
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _sep, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body
+
+
+def chat(host, stream=False, key=KEY, port=SIM_PORT):
+    body = json.dumps(
+        {
+            "model": "zerolayer/sim-chat-8b",
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hello from molecule"}],
+        }
+    )
+    return curl(
+        host,
+        "/v1/chat/completions",
+        "-N",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        key=key,
+        port=port,
+    )
+
+
+@pytest.fixture
+def restore_admin_file(host):
+    original = host.file(ADMIN_FILE).content_string
+    try:
+        yield
+    finally:
+        host.run(
+            "printf '%%s' %s > %s.tmp && mv %s.tmp %s", original, ADMIN_FILE, ADMIN_FILE, ADMIN_FILE
+        )
+
+
+def write_admin_file(host, settings):
+    # Written then renamed, as a drill tool should, so the engine never reads half a file.
+    result = host.run(
+        "printf '%%s' %s > %s.tmp && mv %s.tmp %s",
+        json.dumps(settings),
+        ADMIN_FILE,
+        ADMIN_FILE,
+        ADMIN_FILE,
+    )
+    assert result.rc == 0, result.stderr
+
+
+# -- slice and unit -------------------------------------------------------------------
+
+
+def test_slice_carries_the_hardware_profile(host):
+    props = unit_properties(
+        host, SIM + ".slice", "MemoryMax", "CPUQuotaPerSecUSec", "IOWeight", "ActiveState"
+    )
+    assert props["MemoryMax"] == str(256 * 1024 * 1024)
+    assert props["CPUQuotaPerSecUSec"] == "500ms"
+    assert props["IOWeight"] == "200"
+    assert props["ActiveState"] == "active"
+
+
+def test_simulator_unit_runs_in_its_slice(host):
+    props = unit_properties(
+        host,
+        SIM + ".service",
+        "Slice",
+        "ActiveState",
+        "SubState",
+        "Restart",
+        "User",
+        "Type",
+        "UnitFileState",
+        "Description",
+    )
+    assert props["Slice"] == SIM + ".slice"
+    assert (props["ActiveState"], props["SubState"]) == ("active", "running")
+    assert props["Restart"] == "on-failure"
+    assert props["User"] == "zerolayer-engine"
+    assert props["Type"] == "notify"
+    assert props["UnitFileState"] == "enabled"
+    assert "simulator" in props["Description"]
+
+
+def cgroup_layout(host):
+    return "v2" if host.file("/sys/fs/cgroup/cgroup.controllers").exists else "v1"
+
+
+def test_slice_limits_reach_the_kernel(host):
+    """What systemd reports must also be what the kernel enforces for the engine process.
+
+    On a cgroup v2 host that is memory.max / cpu.max of the slice. This sandbox runs on a
+    hybrid (v1 + v2) host, where the controllers live in the v1 hierarchies: the limits
+    are memory.limit_in_bytes and cpu.cfs_quota_us of the slice there.
+    """
+    slice_cgroup = unit_properties(host, SIM + ".slice", "ControlGroup")["ControlGroup"]
+    main_pid = unit_properties(host, SIM + ".service", "MainPID")["MainPID"]
+    membership = host.file("/proc/%s/cgroup" % main_pid).content_string
+    if cgroup_layout(host) == "v2":
+        assert "0::%s/" % slice_cgroup in membership
+        base = "/sys/fs/cgroup" + slice_cgroup
+        assert host.file(base + "/memory.max").content_string.strip() == str(256 * 1024 * 1024)
+        assert host.file(base + "/cpu.max").content_string.split()[0] == "50000"
+        return
+    by_controller = {}
+    for line in membership.splitlines():
+        _hierarchy, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            by_controller[controller] = path
+    for controller in ("memory", "cpu"):
+        path = by_controller[controller]
+        assert path == slice_cgroup or path.startswith(slice_cgroup + "/"), (controller, path)
+    memory_limit = host.file("/sys/fs/cgroup/memory%s/memory.limit_in_bytes" % slice_cgroup)
+    assert memory_limit.content_string.strip() == str(256 * 1024 * 1024)
+    cpu = "/sys/fs/cgroup/cpu%s/" % slice_cgroup
+    assert host.file(cpu + "cpu.cfs_quota_us").content_string.strip() == "50000"
+    assert host.file(cpu + "cpu.cfs_period_us").content_string.strip() == "100000"
+
+
+def test_io_weight_reaches_the_kernel_but_needs_bfq_to_act(host):
+    """IOWeight 200 (the default is 100) must reach the slice's weight file.
+
+    On cgroup v2 that is io.weight. On this hybrid host it is the v1 blkio.bfq.weight,
+    which the kernel applies only to devices whose I/O scheduler is BFQ: on the test
+    machine's devices (scheduler "none") the weight is set but has no effect, and this
+    test claims no more than that.
+    """
+    slice_cgroup = unit_properties(host, SIM + ".slice", "ControlGroup")["ControlGroup"]
+    if cgroup_layout(host) == "v2":
+        weight = host.file("/sys/fs/cgroup%s/io.weight" % slice_cgroup)
+        assert weight.content_string.split()[1] == "200"
+        return
+    weight = host.file("/sys/fs/cgroup/blkio%s/blkio.bfq.weight" % slice_cgroup)
+    assert weight.exists, "no BFQ weight file: IOWeight cannot reach this kernel"
+    # systemd scales IOWeight onto BFQ's range, whose default is also 100.
+    assert int(weight.content_string.split()[-1]) > 100
+
+
+def test_engine_listens_on_its_own_port(host):
+    assert host.socket("tcp://0.0.0.0:%d" % SIM_PORT).is_listening
+    owner = host.run("ss -Hltnp 'sport = :%d'" % SIM_PORT).stdout
+    main_pid = unit_properties(host, SIM + ".service", "MainPID")["MainPID"]
+    assert "pid=%s," % main_pid in owner
+
+
+def test_secrets_are_private_to_the_engine_account(host):
+    directory = host.file(SECRETS)
+    assert (directory.user, directory.mode) == ("zerolayer-engine", 0o700)
+    keys = host.file(SECRETS + "/api-keys")
+    assert (keys.user, keys.mode) == ("zerolayer-engine", 0o600)
+    assert keys.content_string.split() == [KEY]
+    assert not host.file(SECRETS + "/tls.key").exists
+
+
+# -- behaviour of the running simulator ---------------------------------------------------
+
+
+def test_completion_with_a_valid_key(host):
+    status, headers, body = chat(host)
+    assert status == 200
+    assert headers["x-zerolayer-engine"] == "simulator"
+    assert headers["x-zerolayer-path"] == "direct"
+    reply = json.loads(body)
+    assert reply["model"] == "zerolayer/sim-chat-8b"
+    assert "simulator" in reply["system_fingerprint"]
+    assert reply["usage"]["completion_tokens"] == 8
+
+
+def test_streaming_completion_ends_with_done(host):
+    status, headers, body = chat(host, stream=True)
+    assert status == 200
+    assert headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    text = "".join(
+        json.loads(event)["choices"][0]["delta"].get("content", "") for event in events[:-1]
+    )
+    assert len(text.split()) == 8
+
+
+@pytest.mark.parametrize("key", [None, "sk-molecule-engine-key-9999"])
+def test_missing_or_wrong_key_gets_401(host, key):
+    status, _headers, body = chat(host, key=key)
+    assert status == 401
+    assert body == UNAUTHORIZED
+
+
+def test_metrics_carry_vllm_names(host):
+    chat(host)
+    status, _headers, body = curl(host, "/metrics", key=None)
+    assert status == 200
+    for name in (
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:e2e_request_latency_seconds_count",
+        "vllm:num_requests_running",
+        "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "zerolayer_sim_errors_total",
+    ):
+        assert name in body, name
+
+
+def test_error_injection_switched_on_at_run_time(host, restore_admin_file):
+    assert chat(host)[0] == 200
+    pid_before = unit_properties(host, SIM + ".service", "MainPID")["MainPID"]
+    write_admin_file(host, {"error_rate": 1.0, "error_status": 503})
+    status, _headers, body = chat(host)
+    assert status == 503
+    assert "injected" in json.loads(body)["message"]
+    write_admin_file(host, {"error_rate": 0.0})
+    assert chat(host)[0] == 200
+    # Faults switched without a restart.
+    assert unit_properties(host, SIM + ".service", "MainPID")["MainPID"] == pid_before
+
+
+def test_router_hook_ran_as_root_once_the_port_listened(host):
+    log = host.file(REGISTER_LOG).content_string.splitlines()
+    assert log, "the registration hook never ran"
+    assert all(
+        line == "args=chat 0 %d %s.service uid=0 listening=yes" % (SIM_PORT, SIM) for line in log
+    ), log
+
+
+def test_killed_engine_is_restarted_and_registered_again(host):
+    before = unit_properties(host, SIM + ".service", "MainPID", "NRestarts")
+    registrations = len(host.file(REGISTER_LOG).content_string.splitlines())
+    assert host.run("systemctl kill --signal=SIGKILL %s.service" % SIM).rc == 0
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while True:
+        now = unit_properties(host, SIM + ".service", "MainPID", "NRestarts", "ActiveState")
+        if now["ActiveState"] == "active" and now["MainPID"] not in ("0", before["MainPID"]):
+            break
+        assert time.monotonic() < deadline, "engine not restarted: %s" % now
+        time.sleep(0.5)
+    assert int(now["NRestarts"]) == int(before["NRestarts"]) + 1
+    assert chat(host)[0] == 200
+    assert len(host.file(REGISTER_LOG).content_string.splitlines()) == registrations + 1
+
+
+# -- GPU engines: rendered and loaded, never started here ---------------------------------
+
+
+def exec_start(host, unit):
+    return unit_properties(host, unit, "ExecStart")["ExecStart"]
+
+
+def test_vllm_unit_maps_the_spec_to_flags(host):
+    unit = "zerolayer-engine-llama_vllm.service"
+    props = unit_properties(
+        host,
+        unit,
+        "LoadState",
+        "ActiveState",
+        "UnitFileState",
+        "Slice",
+        "Environment",
+        "EnvironmentFiles",
+        "User",
+        "TimeoutStartUSec",
+    )
+    assert props["LoadState"] == "loaded"
+    assert props["ActiveState"] == "inactive"
+    assert props["UnitFileState"] == "disabled"
+    assert props["Slice"] == "zerolayer-engine-llama_vllm.slice"
+    assert props["User"] == "zerolayer-engine"
+    assert props["TimeoutStartUSec"] == "30min"
+    environment = props["Environment"].split()
+    for pair in (
+        "CUDA_VISIBLE_DEVICES=0",
+        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+        "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
+        "VLLM_NO_USAGE_STATS=1",
+    ):
+        assert pair in environment
+    assert "/etc/zerolayer/engines/llama_vllm/engine.env" in props["EnvironmentFiles"]
+    argv = exec_start(host, unit)
+    assert (
+        "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm serve "
+        "meta-llama/Llama-3.1-8B-Instruct" in argv
+    )
+    for flag in (
+        "--port 8201",
+        "--max-num-seqs 128",
+        "--max-model-len 8192",
+        "--quantization fp8",
+        "--host 0.0.0.0",
+        "--disable-fastapi-docs",
+    ):
+        assert flag in argv, flag
+    # One key travels in VLLM_API_KEY, never on the command line; no TLS in this scenario.
+    assert "--api-key" not in argv and KEY not in argv and "--ssl-keyfile" not in argv
+
+
+def test_vllm_key_file_is_root_only(host):
+    env = host.file("/etc/zerolayer/engines/llama_vllm/engine.env")
+    assert (env.user, env.mode) == ("root", 0o600)
+    with host.sudo():
+        assert "VLLM_API_KEY=" + KEY in env.content_string
+
+
+def test_vllm_slice_and_start_gate(host):
+    props = unit_properties(
+        host, "zerolayer-engine-llama_vllm.slice", "MemoryMax", "CPUQuotaPerSecUSec", "IOWeight"
+    )
+    assert props == {"MemoryMax": str(64 * 1024**3), "CPUQuotaPerSecUSec": "8s", "IOWeight": "100"}
+    post = unit_properties(host, "zerolayer-engine-llama_vllm.service", "ExecStartPost")[
+        "ExecStartPost"
+    ]
+    assert "zerolayer_wait_port.py 8201" in post
+    assert "zerolayer-register-engine chat 1 8201 zerolayer-engine-llama_vllm.service" in post
+
+
+def test_triton_unit_runs_the_container_with_the_gpu(host):
+    unit = "zerolayer-engine-embed_triton.service"
+    props = unit_properties(host, unit, "LoadState", "ActiveState", "Slice", "Type")
+    assert (props["LoadState"], props["ActiveState"]) == ("loaded", "inactive")
+    assert props["Slice"] == "zerolayer-engine-embed_triton.slice"
+    assert props["Type"] == "notify"
+    argv = exec_start(host, unit)
+    for part in (
+        "/usr/bin/podman run",
+        "--device nvidia.com/gpu=1",
+        "--network host",
+        "--cgroups=split",
+        "nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3",
+        "--http-port=8301",
+        "--http-restricted-api=${ZEROLAYER_TRITON_RESTRICTED_API}",
+        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+    ):
+        assert part in argv, part
+    assert KEY not in argv
+    io_weight = unit_properties(host, "zerolayer-engine-embed_triton.slice", "IOWeight")
+    assert io_weight["IOWeight"] == "50"

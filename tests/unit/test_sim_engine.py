@@ -1,0 +1,576 @@
+"""The CPU engine simulator (a test double for a GPU engine), run as a real process."""
+
+import datetime
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SIMULATOR = Path(__file__).resolve().parents[2] / "roles/model_engine/files/zerolayer_engine_sim.py"
+KEYS = ("sk-test-alpha", "sk-test-bravo")
+MODEL = "unit-test-model"
+START_TIMEOUT = 30
+
+
+class Engine:
+    def __init__(self, process, port, admin_file, keys_file, tls_context=None):
+        self.process = process
+        self.port = port
+        self.admin_file = admin_file
+        self.keys_file = keys_file
+        self.tls_context = tls_context
+
+    def connection(self, timeout=60):
+        if self.tls_context is not None:
+            return http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=timeout, context=self.tls_context
+            )
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method, path, body=None, key=KEYS[0], connection=None, headers=None):
+        own = connection is None
+        connection = connection or self.connection()
+        all_headers = {"Content-Type": "application/json"}
+        if key is not None:
+            all_headers["Authorization"] = "Bearer " + key
+        all_headers.update(headers or {})
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        try:
+            connection.request(method, path, body=data, headers=all_headers)
+            response = connection.getresponse()
+            payload = response.read()
+        finally:
+            if own:
+                connection.close()
+        return response, payload
+
+    def chat(self, key=KEYS[0], connection=None, **fields):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "three little words"}]}
+        body.update(fields)
+        return self.request("POST", "/v1/chat/completions", body, key=key, connection=connection)
+
+    def set_admin(self, settings):
+        # Write then rename, as an operator's tool should, so no half file is read.
+        temporary = self.admin_file.with_suffix(".tmp")
+        temporary.write_text(json.dumps(settings) if isinstance(settings, dict) else settings)
+        os.replace(temporary, self.admin_file)
+
+    def metrics(self):
+        response, payload = self.request("GET", "/metrics", key=None)
+        assert response.status == 200
+        return payload.decode()
+
+
+def metric_value(text, name, **labels):
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all('%s="%s"' % item in line for item in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("metric %s %s not found" % (name, labels))
+
+
+def start_engine(tmp_path, *extra, keys_mode=0o600, tls=None):
+    keys_file = tmp_path / "api-keys"
+    keys_file.write_text("# test keys\n" + "\n".join(KEYS) + "\n")
+    keys_file.chmod(keys_mode)
+    admin_file = tmp_path / "admin.json"
+    argv = [
+        sys.executable,
+        str(SIMULATOR),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--model",
+        MODEL,
+        "--engine-name",
+        "unit",
+        "--api-keys-file",
+        str(keys_file),
+        "--admin-file",
+        str(admin_file),
+        "--time-to-first-token",
+        "0",
+        "--inter-token-latency",
+        "0",
+        "--output-tokens",
+        "5",
+        "--max-output-tokens",
+        "64",
+        "--max-input-tokens",
+        "100",
+        "--drain-seconds",
+        "30",
+        *extra,
+    ]
+    context = None
+    if tls is not None:
+        argv += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+        context = ssl.create_default_context(cafile=str(tls[0]))
+        context.check_hostname = False
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    if not line:
+        process.wait(timeout=START_TIMEOUT)
+        raise AssertionError("simulator did not start: %s" % process.stderr.read())
+    ready = json.loads(line)
+    assert ready["event"] == "listening" and ready["engine"] == "simulator"
+    return Engine(process, ready["port"], admin_file, keys_file, context)
+
+
+def stop_engine(engine):
+    if engine.process.poll() is None:
+        engine.process.kill()
+    engine.process.wait(timeout=START_TIMEOUT)
+    engine.process.stdout.close()
+    engine.process.stderr.close()
+
+
+@pytest.fixture
+def engine(tmp_path):
+    running = start_engine(tmp_path)
+    try:
+        yield running
+    finally:
+        stop_engine(running)
+
+
+@pytest.fixture
+def engine_factory(tmp_path):
+    started = []
+
+    def start(*extra, **options):
+        running = start_engine(tmp_path, *extra, **options)
+        started.append(running)
+        return running
+
+    try:
+        yield start
+    finally:
+        for running in started:
+            stop_engine(running)
+
+
+def read_events(response):
+    """Read an SSE body event by event; http.client undoes the chunked framing."""
+    buffer = b""
+    while True:
+        line = response.readline()
+        if not line:
+            assert buffer == b"", "stream ended inside an event"
+            return
+        buffer += line
+        if buffer.endswith(b"\n\n"):
+            assert buffer.startswith(b"data: "), buffer
+            yield buffer[len(b"data: ") : -2].decode()
+            buffer = b""
+
+
+def open_stream(engine, **fields):
+    connection = engine.connection()
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    body.update(fields)
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(body),
+        headers={"Authorization": "Bearer " + KEYS[0]},
+    )
+    return connection, connection.getresponse()
+
+
+def test_completion_says_it_is_a_simulator(engine):
+    response, payload = engine.chat(max_tokens=7)
+    assert response.status == 200
+    assert response.getheader("X-Zerolayer-Engine") == "simulator"
+    assert response.getheader("X-Zerolayer-Path") == "direct"
+    reply = json.loads(payload)
+    assert reply["object"] == "chat.completion"
+    assert reply["model"] == MODEL
+    assert "simulator" in reply["system_fingerprint"]
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert len(reply["choices"][0]["message"]["content"].split()) == 7
+    assert reply["usage"] == {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+
+
+def test_default_output_ends_with_stop(engine):
+    response, payload = engine.chat()
+    assert response.status == 200
+    choice = json.loads(payload)["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert len(choice["message"]["content"].split()) == 5
+
+
+def test_stream_is_framed_as_server_sent_events(engine):
+    connection, response = open_stream(engine, max_tokens=6, stream_options={"include_usage": True})
+    try:
+        assert response.status == 200
+        assert response.getheader("Content-Type").startswith("text/event-stream")
+        assert response.getheader("Transfer-Encoding") == "chunked"
+        assert response.getheader("X-Zerolayer-Engine") == "simulator"
+        events = list(read_events(response))
+    finally:
+        connection.close()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(
+        chunk["choices"][0]["delta"].get("content", "") for chunk in chunks if chunk["choices"]
+    )
+    assert len(text.split()) == 6
+    finishing = [chunk["choices"][0]["finish_reason"] for chunk in chunks if chunk["choices"]]
+    assert finishing[-1] == "length" and set(finishing[:-1]) == {None}
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_stream_matches_non_streaming_text(engine):
+    payload = engine.chat(max_tokens=9)[1]
+    whole = json.loads(payload)["choices"][0]["message"]["content"]
+    connection, response = open_stream(engine, max_tokens=9)
+    try:
+        events = [event for event in read_events(response) if event != "[DONE]"]
+    finally:
+        connection.close()
+    streamed = "".join(
+        json.loads(event)["choices"][0]["delta"].get("content", "") for event in events
+    )
+    assert streamed == whole
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(engine):
+    connection = engine.connection()
+    try:
+        connection.connect()
+        local_port = connection.sock.getsockname()[1]
+        for _request in range(20):
+            response = engine.chat(connection=connection, max_tokens=2)[0]
+            assert response.status == 200
+            assert not response.will_close
+        assert connection.sock.getsockname()[1] == local_port
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer wrong-key",
+        "bearer " + KEYS[0],
+        KEYS[0],
+        "Bearer " + KEYS[0] + " ",
+    ],
+)
+def test_bad_or_missing_key_gets_401(engine, authorization):
+    headers = {} if authorization is None else {"Authorization": authorization}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    response, payload = engine.request(
+        "POST", "/v1/chat/completions", body, key=None, headers=headers
+    )
+    assert response.status == 401
+    assert payload == b'{"error":"Unauthorized"}'
+    assert response.getheader("Content-Type") == "application/json"
+
+
+def test_every_listed_key_is_accepted(engine):
+    for key in KEYS:
+        response = engine.chat(key=key)[0]
+        assert response.status == 200
+
+
+def test_models_needs_a_key_and_health_does_not(engine):
+    assert engine.request("GET", "/v1/models", key=None)[0].status == 401
+    response, payload = engine.request("GET", "/v1/models")
+    assert response.status == 200
+    assert [model["id"] for model in json.loads(payload)["data"]] == [MODEL]
+    assert engine.request("GET", "/health", key=None)[0].status == 200
+
+
+def test_key_file_change_is_picked_up(engine):
+    engine.keys_file.write_text("sk-rotated\n")
+    engine.keys_file.chmod(0o600)
+    assert engine.chat(key=KEYS[0])[0].status == 401
+    assert engine.chat(key="sk-rotated")[0].status == 200
+
+
+def test_key_file_readable_by_others_refuses_every_key(engine_factory):
+    loose = engine_factory(keys_mode=0o644)
+    for key in KEYS:
+        assert loose.chat(key=key)[0].status == 401
+
+
+def test_missing_key_file_stops_the_start(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SIMULATOR),
+            "--port",
+            "0",
+            "--api-keys-file",
+            str(tmp_path / "absent"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "absent" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--error-rate", "1.5"),
+        ("--max-concurrency", "0"),
+        ("--time-to-first-token", "-1"),
+    ],
+)
+def test_bad_flags_are_named(flag, value):
+    result = subprocess.run(
+        [sys.executable, str(SIMULATOR), flag, value],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert flag in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"model": "other-model"}, 404),
+        ({"messages": []}, 400),
+        ({"max_tokens": 65}, 400),
+        ({"max_tokens": 0}, 400),
+        ({"stream": "yes"}, 400),
+        ({"messages": [{"role": "user", "content": "word " * 101}]}, 400),
+    ],
+)
+def test_invalid_requests_are_refused(engine, fields, status):
+    response, payload = engine.chat(**fields)
+    assert response.status == status
+    assert json.loads(payload)["code"] == status
+
+
+def test_body_that_is_not_json_is_refused(engine):
+    response = engine.request("POST", "/v1/chat/completions", b"{not json")[0]
+    assert response.status == 400
+
+
+def test_metrics_use_vllm_names_and_count(engine):
+    before = engine.metrics()
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+    ):
+        assert "# TYPE %s histogram" % name in before
+    for name in (
+        "vllm:request_success_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "zerolayer_sim_errors_total",
+    ):
+        assert "# TYPE %s counter" % name in before
+    assert "# TYPE vllm:num_requests_running gauge" in before
+    assert engine.chat(max_tokens=4)[0].status == 200
+    assert engine.chat(key="nope")[0].status == 401
+    after = engine.metrics()
+    assert (
+        metric_value(after, "vllm:request_success_total", finished_reason="length")
+        == metric_value(before, "vllm:request_success_total", finished_reason="length") + 1
+    )
+    assert (
+        metric_value(after, "vllm:generation_tokens_total")
+        == metric_value(before, "vllm:generation_tokens_total") + 4
+    )
+    assert (
+        metric_value(after, "vllm:prompt_tokens_total")
+        == metric_value(before, "vllm:prompt_tokens_total") + 3
+    )
+    assert (
+        metric_value(after, "vllm:inter_token_latency_seconds_count")
+        == metric_value(before, "vllm:inter_token_latency_seconds_count") + 3
+    )
+    assert metric_value(
+        after, "vllm:time_to_first_token_seconds_bucket", le="+Inf"
+    ) == metric_value(after, "vllm:time_to_first_token_seconds_count")
+    assert (
+        metric_value(after, "zerolayer_sim_errors_total", reason="unauthorized")
+        == metric_value(before, "zerolayer_sim_errors_total", reason="unauthorized") + 1
+    )
+    assert 'kind="simulator"' in after
+
+
+def test_metrics_pass_promtool(engine):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian package prometheus)")
+    engine.chat()
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=engine.metrics(),
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    # vLLM's names carry a colon, which promtool's linter frowns on; any other
+    # complaint, and any parse error, is a real fault in the exposition.
+    complaints = [line for line in (result.stdout + result.stderr).splitlines() if line]
+    assert "error while linting" not in result.stderr, result.stderr
+    assert all(line.endswith("metric names should not contain ':'") for line in complaints), (
+        complaints
+    )
+    assert len(complaints) >= 9
+
+
+def test_error_injection_changes_at_run_time(engine):
+    assert engine.chat()[0].status == 200
+    engine.set_admin({"error_rate": 1.0})
+    response, payload = engine.chat()
+    assert response.status == 503
+    assert "injected" in json.loads(payload)["message"]
+    engine.set_admin({"error_rate": 1.0, "error_status": 500})
+    assert engine.chat()[0].status == 500
+    engine.set_admin({"error_rate": 0.5, "error_status": 502})
+    statuses = [engine.chat()[0].status for _request in range(10)]
+    assert statuses.count(502) == 5 and statuses.count(200) == 5
+    engine.set_admin({"error_rate": 0.0})
+    assert engine.chat()[0].status == 200
+    metrics = engine.metrics()
+    assert metric_value(metrics, "zerolayer_sim_errors_total", reason="injected") == 7
+    assert metric_value(metrics, "zerolayer_sim_injected_error_rate") == 0
+
+
+def test_removing_the_admin_file_restores_start_settings(engine):
+    engine.set_admin({"error_rate": 1.0})
+    assert engine.chat()[0].status == 503
+    engine.admin_file.unlink()
+    assert engine.chat()[0].status == 200
+
+
+@pytest.mark.parametrize(
+    "bad", ['{"error_rate": 2}', '{"error_rat": 1}', "[1]", "{broken", '{"error_status": 404}']
+)
+def test_bad_admin_file_keeps_previous_settings(engine, bad):
+    engine.set_admin({"error_rate": 1.0})
+    assert engine.chat()[0].status == 503
+    engine.set_admin(bad)
+    assert engine.chat()[0].status == 503
+    assert metric_value(engine.metrics(), "zerolayer_sim_admin_reload_failures_total") == 1
+
+
+def test_requests_beyond_the_limit_get_429(engine_factory):
+    limited = engine_factory("--max-concurrency", "2")
+    # Long enough that the held streams are still waiting when the third request comes.
+    limited.set_admin({"time_to_first_token_seconds": 5})
+    held = [open_stream(limited, max_tokens=1) for _stream in range(2)]
+    try:
+        for _connection, response in held:
+            assert response.status == 200
+            assert (
+                json.loads(next(read_events(response)))["choices"][0]["delta"]["role"]
+                == "assistant"
+            )
+        response, payload = limited.chat()
+        assert response.status == 429
+        assert json.loads(payload)["code"] == 429
+        assert metric_value(limited.metrics(), "vllm:num_requests_running") == 2
+        for _connection, response in held:
+            assert list(read_events(response))[-1] == "[DONE]"
+    finally:
+        for connection, _response in held:
+            connection.close()
+    limited.set_admin({})
+    assert limited.chat()[0].status == 200
+    assert metric_value(limited.metrics(), "zerolayer_sim_errors_total", reason="overloaded") == 1
+
+
+def test_stop_closes_the_listener_and_finishes_streams_in_flight(engine_factory):
+    draining = engine_factory()
+    draining.set_admin({"time_to_first_token_seconds": 3})
+    connection, response = open_stream(draining, max_tokens=3)
+    try:
+        first = next(read_events(response))
+        assert json.loads(first)["choices"][0]["delta"]["role"] == "assistant"
+        draining.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", draining.port), timeout=5).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "listener still open after SIGTERM"
+            time.sleep(0.05)
+        events = list(read_events(response))
+    finally:
+        connection.close()
+    assert events[-1] == "[DONE]"
+    assert draining.process.wait(timeout=START_TIMEOUT) == 0
+
+
+@pytest.fixture
+def certificate(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "engine.test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_file.chmod(0o600)
+    return cert_file, key_file
+
+
+def test_tls_serves_completions_and_refuses_plain_http(engine_factory, certificate):
+    secure = engine_factory(tls=certificate)
+    response, payload = secure.chat()
+    assert response.status == 200
+    assert "simulator" in json.loads(payload)["system_fingerprint"]
+    assert secure.chat(key=None)[0].status == 401
+    plain = http.client.HTTPConnection("127.0.0.1", secure.port, timeout=30)
+    try:
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            plain.request("GET", "/health")
+            plain.getresponse()
+    finally:
+        plain.close()
+    # The failed handshake must not have disturbed the server.
+    assert secure.chat()[0].status == 200
