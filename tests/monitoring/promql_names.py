@@ -24,10 +24,11 @@ EXTERNAL_METRICS = {
     "node_systemd_unit_state": "node_exporter",
     # cAdvisor (cgroup v2, --docker_only=false): per-cgroup memory PSI "some".
     "container_pressure_memory_waiting_seconds_total": "cadvisor",
-    # The rollout playbooks write these to node_exporter's textfile collector directory.
-    "zerolayer_rollout_stage": "rollout playbooks (node_exporter textfile)",
-    "zerolayer_rollout_weight_ratio": "rollout playbooks (node_exporter textfile)",
-    "zerolayer_rollback_total": "rollout playbooks (node_exporter textfile)",
+    # Not emitted yet (docs/metrics.md, "Rollout"): the dashboard's rollout panels stay
+    # empty until the rollout record on each node is exported.
+    "zerolayer_rollout_stage": "not emitted yet: rollout record export",
+    "zerolayer_rollout_weight_ratio": "not emitted yet: rollout record export",
+    "zerolayer_rollback_total": "not emitted yet: rollout record export",
 }
 
 # Engine metric names that must come from the engines (the simulator proves them here).

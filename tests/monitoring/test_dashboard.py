@@ -171,12 +171,18 @@ def test_dashboard_reads_only_metrics_the_system_emits(engine_sim_metrics):
 
 
 def test_engine_simulator_labels_requests_by_path(engine_sim_metrics):
-    # Rules and panels split engine latency and errors by `path`; a direct request to the
-    # simulator must carry path="direct".
+    # Rules and panels split engine latency and errors by `path`. A request to the engine's
+    # own port is what the legacy proxy sends, so it carries path="proxy"; connections the
+    # router hands over from the service port carry path="direct" (tests/dataplane checks
+    # that with the real program).
     ttft = [
         line
         for line in engine_sim_metrics.splitlines()
         if line.startswith("vllm:time_to_first_token_seconds_count")
     ]
     assert ttft, "the simulator exposes no vllm:time_to_first_token_seconds"
-    assert any('path="direct"' in line for line in ttft), ttft
+    assert any('path="proxy"' in line for line in ttft), ttft
+    requests = [
+        line for line in engine_sim_metrics.splitlines() if line.startswith("http_requests_total{")
+    ]
+    assert any('status="2xx"' in line and 'path="proxy"' in line for line in requests), requests

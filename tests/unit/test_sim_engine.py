@@ -71,10 +71,17 @@ class Engine:
 
 
 def metric_value(text, name, **labels):
-    for line in text.splitlines():
-        if line.startswith(name + "{") and all('%s="%s"' % item in line for item in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("metric %s %s not found" % (name, labels))
+    """Sum of the series of `name` that carry `labels` (histograms have one per path)."""
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and all('%s="%s"' % item in line for item in labels.items())
+    ]
+    if not values:
+        if name.endswith(("_count", "_sum")) and not labels:
+            return 0.0
+        raise AssertionError("metric %s %s not found" % (name, labels))
+    return sum(values)
 
 
 def start_engine(tmp_path, *extra, keys_mode=0o600, tls=None):

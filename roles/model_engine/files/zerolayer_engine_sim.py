@@ -124,6 +124,24 @@ E2E_BUCKETS = (
 )
 
 
+# Handlers counted in http_requests_total; anything else (a scanner's guesses) is not, so
+# the series stay few.
+KNOWN_HANDLERS = frozenset(
+    ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+)
+
+
+def arrival_path(connection, own_port):
+    """'direct' when the router handed the connection over from the service port (its local
+    port is not the engine's own), 'proxy' when it came to the engine's own port, which in
+    this design only the legacy proxy calls."""
+    try:
+        local_port = connection.getsockname()[1]
+    except OSError:
+        return "proxy"
+    return "proxy" if local_port == own_port else "direct"
+
+
 def log(message):
     sys.stderr.write("zerolayer-engine-sim: %s\n" % message)
     sys.stderr.flush()
@@ -140,28 +158,38 @@ def format_number(value):
 
 
 class Histogram:
+    """One histogram, with a series per path the requests arrived on."""
+
     def __init__(self, name, help_text, bounds):
         self.name = name
         self.help_text = help_text
         self.bounds = bounds
-        self.bucket_counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.count = 0
+        self.series = {}
 
-    def observe(self, value):
-        self.bucket_counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
+    def observe(self, value, path):
+        series = self.series.setdefault(
+            path, {"buckets": [0] * (len(self.bounds) + 1), "total": 0.0, "count": 0}
+        )
+        series["buckets"][bisect.bisect_left(self.bounds, value)] += 1
+        series["total"] += value
+        series["count"] += 1
 
     def render(self, labels):
         lines = ["# HELP %s %s" % (self.name, self.help_text), "# TYPE %s histogram" % self.name]
-        cumulative = 0
-        for bound, bucket_count in zip(self.bounds, self.bucket_counts):
-            cumulative += bucket_count
-            lines.append('%s_bucket{le="%s",%s} %d' % (self.name, bound, labels, cumulative))
-        lines.append('%s_bucket{le="+Inf",%s} %d' % (self.name, labels, self.count))
-        lines.append("%s_count{%s} %d" % (self.name, labels, self.count))
-        lines.append("%s_sum{%s} %s" % (self.name, labels, format_number(self.total)))
+        for path in sorted(self.series):
+            series = self.series[path]
+            series_labels = 'path="%s",%s' % (path, labels)
+            cumulative = 0
+            for bound, bucket_count in zip(self.bounds, series["buckets"]):
+                cumulative += bucket_count
+                lines.append(
+                    '%s_bucket{le="%s",%s} %d' % (self.name, bound, series_labels, cumulative)
+                )
+            lines.append('%s_bucket{le="+Inf",%s} %d' % (self.name, series_labels, series["count"]))
+            lines.append("%s_count{%s} %d" % (self.name, series_labels, series["count"]))
+            lines.append(
+                "%s_sum{%s} %s" % (self.name, series_labels, format_number(series["total"]))
+            )
         return lines
 
 
@@ -187,6 +215,9 @@ class Metrics:
             "injected": 0,
         }
         self.admin_reload_failures = 0
+        # (handler, method, status class, path) -> count, as vLLM's HTTP instrumentation
+        # reports it (status "2xx", "4xx", "5xx"), with the path the request arrived on.
+        self.http_requests = {}
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -217,22 +248,27 @@ class Metrics:
         with self.lock:
             self.admin_reload_failures += 1
 
+    def count_http_request(self, handler, method, status, path):
+        key = (handler, method, "%dxx" % (status // 100), path)
+        with self.lock:
+            self.http_requests[key] = self.http_requests.get(key, 0) + 1
+
     def request_started(self):
         with self.lock:
             self.running += 1
 
-    def request_finished(self, finished_reason, prompt_tokens, token_gaps, ttft, e2e):
+    def request_finished(self, finished_reason, prompt_tokens, token_gaps, ttft, e2e, path):
         with self.lock:
             self.running -= 1
             self.success[finished_reason] += 1
             self.prompt_tokens += prompt_tokens
             self.generation_tokens += len(token_gaps) + (1 if ttft is not None else 0)
             if ttft is not None:
-                self.ttft.observe(ttft)
+                self.ttft.observe(ttft, path)
             for gap in token_gaps:
-                self.itl.observe(gap)
-                self.tpot.observe(gap)
-            self.e2e.observe(e2e)
+                self.itl.observe(gap, path)
+                self.tpot.observe(gap, path)
+            self.e2e.observe(e2e, path)
 
     def render(self, error_rate):
         with self.lock:
@@ -262,6 +298,15 @@ class Metrics:
             ]
             for histogram in (self.ttft, self.itl, self.tpot, self.e2e):
                 lines += histogram.render(labels)
+            lines += [
+                "# HELP http_requests_total Requests by method, status class, handler and path.",
+                "# TYPE http_requests_total counter",
+            ]
+            for (handler, method, status, path), count in sorted(self.http_requests.items()):
+                lines.append(
+                    'http_requests_total{handler="%s",method="%s",status="%s",path="%s",%s} %d'
+                    % (escape_label(handler), method, status, path, labels, count)
+                )
             lines += [
                 "# HELP zerolayer_sim_errors_total Requests answered with an error, by reason.",
                 "# TYPE zerolayer_sim_errors_total counter",
@@ -540,6 +585,13 @@ class EngineHandler(BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.arrival_path = arrival_path(self.connection, self.server.server_address[1])
+
+    def send_response(self, code, message=None):
+        super().send_response(code, message)
+        handler = self.path.split("?", 1)[0] if self.path.startswith("/v1/") else self.path
+        if handler in KNOWN_HANDLERS:
+            self.server.metrics.count_http_request(handler, self.command, code, self.arrival_path)
 
     def log_message(self, format, *args):
         if self.server.config.access_log:
@@ -717,7 +769,12 @@ class EngineHandler(BaseHTTPRequestHandler):
         finally:
             ttft = None if first_token_at is None else first_token_at - started
             metrics.request_finished(
-                finished_reason, request["prompt_tokens"], gaps, ttft, time.monotonic() - started
+                finished_reason,
+                request["prompt_tokens"],
+                gaps,
+                ttft,
+                time.monotonic() - started,
+                self.arrival_path,
             )
 
     def generate_silently(self, request, settings, started):
