@@ -3,8 +3,8 @@ export CONTAINERS_CONF := $(CURDIR)/tests/sandbox/containers.conf
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 .PHONY: run test setup sandbox-up sandbox-down bpf sanity lint
 
-run: setup sandbox-up
-	.venv/bin/ansible-playbook playbooks/site.yml
+run:
+	scripts/demo
 
 test:
 	scripts/test
