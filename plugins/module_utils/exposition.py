@@ -1,0 +1,356 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The router's state in the Prometheus text exposition format (docs/metrics.md).
+
+collect() reads one snapshot from the pinned objects; render() turns a snapshot
+into text and is pure, so the format is tested without a kernel. serve() is the
+zerolayer-route-exporter HTTP server: stdlib only, one snapshot per scrape.
+
+Decision-time histogram: the program counts decisions in log2 buckets of
+nanoseconds (bucket b holds [2^b, 2^(b+1)) ns). They become cumulative buckets
+with le = 2^(b+1) ns in seconds for b = 0..EXPORTED_BUCKETS-1 plus +Inf. The
+_sum is estimated from bucket midpoints (1.5 * 2^b ns, 1 ns for bucket 0): the
+kernel's run_time_ns covers every program run, also lookups on ports that are not
+routed and never reach the histogram, so it is not the sum of these
+observations. The exact kernel time is exported on its own as
+zerolayer_router_run_seconds_total.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_PORT = 9464
+DEFAULT_ADDRESS = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the node from outside
+EXPORTED_BUCKETS = 32  # le up to 2^32 ns (4.3 s); slower decisions land in +Inf only
+NS_PER_SECOND = 1e9
+
+# counter field of struct zl_counters -> outcome label of zerolayer_route_decisions_total
+OUTCOMES = (
+    ("to_engine", "engine"),
+    ("to_proxy_by_weight", "proxy_weight"),
+    ("fallback_no_socket", "fallback_no_socket"),
+    ("assign_errors", "assign_error"),
+)
+
+_HELP = {
+    "zerolayer_router_attached": "1 while the router's link is attached to the node's network "
+    "namespace",
+    "zerolayer_router_info": "The program that runs now",
+    "zerolayer_router_run_seconds_total": "Kernel time spent in the program "
+    "(BPF_ENABLE_STATS run_time_ns)",
+    "zerolayer_router_runs_total": "Program runs (BPF_ENABLE_STATS run_cnt)",
+    "zerolayer_route_weight_ratio": "The weight written: share of new connections sent to the "
+    "engine, 0..1",
+    "zerolayer_route_generation": "Bumped on every write of the route",
+    "zerolayer_route_engine_sockets": "Engine sockets registered in the route's slots",
+    "zerolayer_route_lookups_total": "TCP lookups on the route's port",
+    "zerolayer_route_decisions_total": "Routing decisions by outcome: engine, proxy_weight, "
+    "fallback_no_socket or assign_error",
+    "zerolayer_route_decision_duration_seconds": "Decision time, from the program's log2 "
+    "histogram (bucket bounds 2^k ns; _sum estimated from bucket midpoints)",
+}
+
+
+# Snapshot
+
+
+def collect(layout):
+    """One read of the router: {attached, program, routes, latency_buckets}.
+
+    Nothing pinned, or only the maps pinned (detached router): attached is 0 and
+    whatever is still readable is reported.
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+        read_slots,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+        read_counters,
+        read_latency_buckets,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+        router_state,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
+
+    state = router_state(layout) if os.path.isdir(layout.pin_dir) else None
+    snapshot = {
+        "attached": bool(state and state["attached"]),
+        "program": state["program"] if state else None,
+        "routes": [],
+        "latency_buckets": None,
+    }
+    if state is None or missing_pins(layout):
+        return snapshot
+    for route in read_routes(layout):
+        snapshot["routes"].append(
+            {
+                "name": route.name,
+                "port": route.port,
+                "weight_bp": route.weight_bp,
+                "generation": route.generation,
+                "engine_sockets": len(read_slots(layout, route.route_index)),
+                "counters": read_counters(layout, route.route_index),
+            }
+        )
+    snapshot["latency_buckets"] = read_latency_buckets(layout)
+    return snapshot
+
+
+# Rendering
+
+
+def escape_label_value(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def format_value(value):
+    """Integers stay exact; floats use repr (shortest round-trip form)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if value == float("inf"):
+        return "+Inf"
+    return repr(float(value))
+
+
+def _sample(name, labels, value):
+    if labels:
+        inner = ",".join('%s="%s"' % (key, escape_label_value(val)) for key, val in labels)
+        return "%s{%s} %s" % (name, inner, format_value(value))
+    return "%s %s" % (name, format_value(value))
+
+
+def _family(lines, name, kind, samples):
+    lines.append("# HELP %s %s" % (name, _HELP[name]))
+    lines.append("# TYPE %s %s" % (name, kind))
+    lines.extend(samples)
+
+
+def bucket_bound_seconds(bucket):
+    """Upper bound of log2 bucket b in seconds: 2^(b+1) ns."""
+    return 2 ** (bucket + 1) / NS_PER_SECOND
+
+
+def bucket_midpoint_ns(bucket):
+    return 1.0 if bucket == 0 else 1.5 * 2**bucket
+
+
+def histogram_samples(name, buckets):
+    """Cumulative _bucket lines, _sum and _count of a log2 ns histogram."""
+    samples = []
+    cumulative = 0
+    for bucket in range(EXPORTED_BUCKETS):
+        cumulative += buckets[bucket] if bucket < len(buckets) else 0
+        samples.append(
+            _sample(
+                name + "_bucket", [("le", format_value(bucket_bound_seconds(bucket)))], cumulative
+            )
+        )
+    total = sum(buckets)
+    samples.append(_sample(name + "_bucket", [("le", "+Inf")], total))
+    estimated_ns = sum(bucket_midpoint_ns(b) * count for b, count in enumerate(buckets))
+    samples.append(_sample(name + "_sum", [], estimated_ns / NS_PER_SECOND))
+    samples.append(_sample(name + "_count", [], total))
+    return samples
+
+
+def render(snapshot):
+    """The exposition text of a snapshot from collect()."""
+    lines = []
+    program = snapshot.get("program")
+    routes = snapshot.get("routes") or []
+    _family(
+        lines,
+        "zerolayer_router_attached",
+        "gauge",
+        [_sample("zerolayer_router_attached", [], 1 if snapshot.get("attached") else 0)],
+    )
+    if program and snapshot.get("attached"):
+        _family(
+            lines,
+            "zerolayer_router_info",
+            "gauge",
+            [
+                _sample(
+                    "zerolayer_router_info",
+                    [("prog_id", program["id"]), ("tag", program["tag"])],
+                    1,
+                )
+            ],
+        )
+    if program:
+        _family(
+            lines,
+            "zerolayer_router_run_seconds_total",
+            "counter",
+            [
+                _sample(
+                    "zerolayer_router_run_seconds_total",
+                    [],
+                    program["run_time_ns"] / NS_PER_SECOND,
+                )
+            ],
+        )
+        _family(
+            lines,
+            "zerolayer_router_runs_total",
+            "counter",
+            [_sample("zerolayer_router_runs_total", [], program["run_cnt"])],
+        )
+    if routes:
+        _family(
+            lines,
+            "zerolayer_route_weight_ratio",
+            "gauge",
+            [
+                _sample(
+                    "zerolayer_route_weight_ratio",
+                    [("route", r["name"]), ("port", r["port"])],
+                    r["weight_bp"] / 10000.0,
+                )
+                for r in routes
+            ],
+        )
+        for name, key in (
+            ("zerolayer_route_generation", "generation"),
+            ("zerolayer_route_engine_sockets", "engine_sockets"),
+        ):
+            _family(
+                lines,
+                name,
+                "gauge",
+                [_sample(name, [("route", r["name"])], r[key]) for r in routes],
+            )
+        _family(
+            lines,
+            "zerolayer_route_lookups_total",
+            "counter",
+            [
+                _sample(
+                    "zerolayer_route_lookups_total",
+                    [("route", r["name"])],
+                    r["counters"]["lookups"],
+                )
+                for r in routes
+            ],
+        )
+        _family(
+            lines,
+            "zerolayer_route_decisions_total",
+            "counter",
+            [
+                _sample(
+                    "zerolayer_route_decisions_total",
+                    [("route", r["name"]), ("outcome", outcome)],
+                    r["counters"][field],
+                )
+                for r in routes
+                for field, outcome in OUTCOMES
+            ],
+        )
+    buckets = snapshot.get("latency_buckets")
+    if buckets is not None:
+        _family(
+            lines,
+            "zerolayer_route_decision_duration_seconds",
+            "histogram",
+            histogram_samples("zerolayer_route_decision_duration_seconds", buckets),
+        )
+    return "\n".join(lines) + "\n"
+
+
+# HTTP server
+
+
+def make_handler(layout, collect_snapshot=collect):
+    from http.server import BaseHTTPRequestHandler
+
+    class MetricsHandler(BaseHTTPRequestHandler):
+        server_version = "zerolayer-route-exporter"
+
+        def do_GET(self):
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self._reply(404, "text/plain; charset=utf-8", "not found; try /metrics\n")
+                return
+            try:
+                body = render(collect_snapshot(layout))
+            except Exception as exc:  # a scrape error must answer 500, not kill the server
+                message = getattr(exc, "message", None) or "%s: %s" % (type(exc).__name__, exc)
+                sys.stderr.write("scrape failed: %s\n" % message)
+                self._reply(500, "text/plain; charset=utf-8", "scrape failed: %s\n" % message)
+                return
+            self._reply(200, CONTENT_TYPE, body)
+
+        def _reply(self, status, content_type, body):
+            data = body.encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args):
+            """Scrapes every few seconds would flood the journal: stay quiet."""
+
+    return MetricsHandler
+
+
+def serve(layout, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, keep_stats=True):
+    """Serve /metrics until interrupted.
+
+    With keep_stats the exporter holds a BPF_ENABLE_STATS fd for its whole life, so
+    the kernel keeps counting run_time_ns/run_cnt of the program (about 20 ns per
+    run) without touching the kernel.bpf_stats_enabled sysctl; the counting stops
+    when the exporter exits.
+    """
+    from http.server import ThreadingHTTPServer
+
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import RunTimeStats
+
+    stats = RunTimeStats().__enter__() if keep_stats else None
+    server = ThreadingHTTPServer((address, port), make_handler(layout))
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        if stats is not None:
+            stats.close()
+
+
+def exporter_main(argv=None):
+    import argparse
+
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+        DEFAULT_PIN_DIR,
+        PinLayout,
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="zerolayer-route-exporter",
+        description="Serve the router's pinned maps as Prometheus metrics on /metrics.",
+    )
+    parser.add_argument("--listen-address", default=DEFAULT_ADDRESS)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--pin-dir", default=DEFAULT_PIN_DIR)
+    parser.add_argument(
+        "--no-run-time-stats",
+        action="store_true",
+        help="do not hold BPF_ENABLE_STATS (run_seconds_total/runs_total then stay flat)",
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not 1 <= args.port <= 65535:
+        parser.error("--port must be a TCP port number from 1 to 65535; got %d" % args.port)
+    try:
+        serve(PinLayout(args.pin_dir), args.listen_address, args.port, not args.no_run_time_stats)
+    except FleetError as exc:
+        sys.stderr.write("zerolayer-route-exporter: %s\n" % exc.message)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

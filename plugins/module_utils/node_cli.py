@@ -1,0 +1,425 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""zerolayer-routectl: the node-local command line over the router's Python code.
+
+The role installs a few-line script that calls main(); playbooks reach it with the
+`raw` module (rollback must not wait for a Python module round trip), operators
+and systemd units call it directly. Every subcommand prints one JSON line.
+
+Exit status: 0 done; 2 rejected (bad input, or a state that forbids the action:
+the JSON names the field); 1 the kernel or the system refused (JSON carries the
+errno). Each subcommand imports only what it needs, so `rollback` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+DEFAULT_CONFIG = "/etc/zerolayer/router.json"
+DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
+DEFAULT_OBJECT = "/usr/local/lib/zerolayer/zerolayer_router.bpf.o"
+DEFAULT_REGISTER_TIMEOUT_S = 30.0
+# At boot an engine may not listen yet; its own start hook registers it later.
+ATTACH_REGISTER_TIMEOUT_S = 2.0
+
+EXIT_OK = 0
+EXIT_SYSTEM = 1
+EXIT_REJECTED = 2
+
+
+class UsageError(Exception):
+    """Bad command-line input; field names the option at fault."""
+
+    def __init__(self, message, field=None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so errors stay JSON."""
+
+    def error(self, message):
+        raise UsageError(message, _field_in(message))
+
+
+def _field_in(message):
+    """The option an argparse message is about ('--weight' -> 'weight')."""
+    if message.startswith("unrecognized arguments"):
+        return "argv"
+    for word in message.replace("/", " ").replace(",", " ").split():
+        word = word.strip("'\"():")
+        if word.startswith("--"):
+            return word[2:].replace("-", "_")
+    return "command"
+
+
+def _number(kind, field):
+    """An argparse type that reports the field and the allowed values."""
+
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                "--%s must be %s; got %r"
+                % (field.replace("_", "-"), "an integer" if kind is int else "a number", text)
+            ) from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(
+                "--%s must not be negative; got %r" % (field.replace("_", "-"), text)
+            )
+        return value
+
+    return convert
+
+
+def _add_common_options(parser, defaults):
+    """--config and --pin-dir, accepted before or after the subcommand."""
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_CONFIG if defaults else argparse.SUPPRESS,
+        help="node configuration written by the ebpf_router role (default %s)" % DEFAULT_CONFIG,
+    )
+    parser.add_argument(
+        "--pin-dir",
+        default=None if defaults else argparse.SUPPRESS,
+        help="bpffs directory of the router's pins (default: pin_dir in --config, else %s)"
+        % DEFAULT_PIN_DIR,
+    )
+
+
+def build_parser():
+    parser = _Parser(
+        prog="zerolayer-routectl",
+        description="Change and read the node's sk_lookup router. Prints one JSON line.",
+    )
+    _add_common_options(parser, defaults=True)
+    common = _Parser(add_help=False)
+    _add_common_options(common, defaults=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    def add(name, help_text):
+        return commands.add_parser(name, help=help_text, parents=[common])
+
+    set_weight = add("set-weight", "one atomic write of a route's weight (percent, 0-100)")
+    set_weight.add_argument("--route", required=True)
+    set_weight.add_argument("--weight", required=True, help="percent, at most two decimals")
+
+    add("rollback", "weight 0 on every route, confirmed by read-back")
+
+    register = add("register", "put an engine's listening socket into a route's slot")
+    register.add_argument("--route", required=True)
+    register.add_argument("--slot", required=True, type=_number(int, "slot"))
+    owner = register.add_mutually_exclusive_group(required=True)
+    owner.add_argument("--pid", type=_number(int, "pid"))
+    owner.add_argument("--unit")
+    register.add_argument("--port", required=True, help="the engine's own listening port")
+    register.add_argument(
+        "--timeout",
+        type=_number(float, "timeout"),
+        default=None,
+        help="seconds to wait for the engine to listen (default: register_timeout in "
+        "--config, else %s)" % DEFAULT_REGISTER_TIMEOUT_S,
+    )
+
+    add("show", "router state, routes, weights, slots and counters")
+    add("detach", "deep rollback: detach the link, keep routes")
+    add("attach", "attach and declare routes and engines from --config (used at boot)")
+    return parser
+
+
+# Configuration
+
+
+def load_config(path, required=False):
+    """The node configuration as a dict; {} when it is absent and not required."""
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        if required:
+            raise UsageError(
+                "config %s does not exist; the ebpf_router role writes it" % path, "config"
+            ) from None
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UsageError("config %s cannot be read as JSON: %s" % (path, exc), "config") from None
+    if not isinstance(config, dict):
+        raise UsageError("config %s must hold a JSON object" % path, "config")
+    return config
+
+
+def _layout(args, config):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout
+
+    return PinLayout(args.pin_dir or config.get("pin_dir") or DEFAULT_PIN_DIR)
+
+
+def _route_summary(route):
+    if route is None:
+        return None
+    return {
+        "weight": _percent(route.weight_bp),
+        "weight_bp": route.weight_bp,
+        "generation": route.generation,
+    }
+
+
+def _percent(weight_bp):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import bp_to_percent
+
+    return bp_to_percent(weight_bp)
+
+
+# Subcommands
+
+
+def cmd_set_weight(args, config):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+
+    layout = _layout(args, config)
+    routes.validate_route_name(args.route, "route")
+    routes.parse_weight(args.weight, "weight")
+    routes.require_route(layout, args.route)
+    result = routes.set_route(layout, args.route, weight=args.weight)
+    confirmed = routes.find_route(routes.read_routes(layout), args.route)
+    return {
+        "route": args.route,
+        "port": confirmed.port,
+        "changed": result["changed"],
+        "before": _route_summary(result["before"]),
+        "after": _route_summary(confirmed),
+    }
+
+
+def cmd_rollback(args, config):
+    """Weight 0 on every route; the read-back proves it (fast-rollback primitive)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+    started = time.monotonic()
+    layout = _layout(args, config)
+    before = {route.name: route for route in routes.read_routes(layout)}
+    failures = {}
+    for name in before:
+        try:
+            routes.set_route(layout, name, weight=0)
+        except FleetError as exc:  # one bad route must not stop the others
+            failures[name] = exc.message
+    confirmed = routes.read_routes(layout)
+    report = []
+    for route in confirmed:
+        entry = {
+            "route": route.name,
+            "port": route.port,
+            "weight_before": _percent(before[route.name].weight_bp)
+            if route.name in before
+            else None,
+            "weight": _percent(route.weight_bp),
+            "generation": route.generation,
+            "confirmed": route.weight_bp == 0,
+        }
+        if route.name in failures:
+            entry["error"] = failures[route.name]
+        report.append(entry)
+    all_confirmed = all(entry["confirmed"] for entry in report)
+    return {
+        "rolled_back": all_confirmed,
+        "routes": report,
+        "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3),
+    }, (EXIT_OK if all_confirmed else EXIT_SYSTEM)
+
+
+def cmd_register(args, config):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import engine_sockets, routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+        validate_port,
+        validate_slot,
+    )
+
+    layout = _layout(args, config)
+    routes.validate_route_name(args.route, "route")
+    validate_slot(args.slot)
+    port = validate_port(args.port)
+    pid = args.pid
+    if pid is None:
+        pid = engine_sockets.main_pid_of_unit(args.unit)
+    timeout = args.timeout
+    if timeout is None:
+        timeout = float(config.get("register_timeout", DEFAULT_REGISTER_TIMEOUT_S))
+    result = engine_sockets.register_engine_socket(
+        layout, args.route, pid, port, slot=args.slot, timeout=timeout
+    )
+    return {
+        "route": args.route,
+        "slot": args.slot,
+        "unit": args.unit,
+        "pid": pid,
+        "port": port,
+        "changed": result["changed"],
+        "cookie_before": result["before"],
+        "cookie": result["cookie"],
+        "route_index": result["route_index"],
+    }
+
+
+def cmd_show(args, config):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
+
+    return router_report(_layout(args, config))
+
+
+def cmd_detach(args, config):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
+
+    result = router_lifecycle.detach(_layout(args, config))
+    return {
+        "changed": result["changed"],
+        "actions": result["actions"],
+        "attached": result["after"]["attached"],
+    }
+
+
+def _config_routes(config):
+    declared = config.get("routes", [])
+    if not isinstance(declared, list):
+        raise UsageError("config routes must be a list", "routes")
+    for route in declared:
+        if not isinstance(route, dict) or "name" not in route or "port" not in route:
+            raise UsageError(
+                "config routes: each entry needs name and port; got %r" % (route,), "routes"
+            )
+    return declared
+
+
+def cmd_attach(args, config):
+    """Attach the router, create missing routes, register running engines (boot path).
+
+    A route that already exists keeps its live weight unless the config pins it
+    (pin_weight): a restart must not undo a canary step. Engines that are not
+    running yet are reported, not fatal: their own start hook registers them.
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+        engine_sockets,
+        router_lifecycle,
+        routes,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+    config = config or load_config(args.config, required=True)
+    layout = _layout(args, config)
+    declared = _config_routes(config)
+    attached = router_lifecycle.attach(
+        layout, config.get("object", DEFAULT_OBJECT), config.get("netns", "/proc/self/ns/net")
+    )
+    live = {route.name for route in routes.read_routes(layout)}
+    route_results = []
+    engine_results = []
+    for route in declared:
+        weight = route.get("weight", 0)
+        keep_live = route["name"] in live and not route.get("pin_weight", False)
+        result = routes.set_route(
+            layout, route["name"], route["port"], None if keep_live else weight
+        )
+        route_results.append({"route": route["name"], "changed": result["changed"]})
+        for engine in route.get("engines", []):
+            entry = {"route": route["name"], "slot": engine.get("slot", 0)}
+            try:
+                pid = engine.get("pid") or engine_sockets.main_pid_of_unit(engine["unit"])
+                registered = engine_sockets.register_engine_socket(
+                    layout,
+                    route["name"],
+                    int(pid),
+                    engine["port"],
+                    slot=engine.get("slot", 0),
+                    timeout=ATTACH_REGISTER_TIMEOUT_S,
+                )
+                entry.update(registered=True, changed=registered["changed"])
+            except FleetError as exc:
+                entry.update(registered=False, error=exc.message)
+            engine_results.append(entry)
+    return {
+        "changed": attached["changed"]
+        or any(result["changed"] for result in route_results)
+        or any(result.get("changed") for result in engine_results),
+        "actions": attached["actions"],
+        "attached": attached["after"]["attached"],
+        "routes": route_results,
+        "engines": engine_results,
+    }
+
+
+_HANDLERS = {
+    "set-weight": cmd_set_weight,
+    "rollback": cmd_rollback,
+    "register": cmd_register,
+    "show": cmd_show,
+    "detach": cmd_detach,
+    "attach": cmd_attach,
+}
+
+
+# Entry points
+
+
+def _emit(stream, payload):
+    stream.write(json.dumps(payload, sort_keys=True) + "\n")
+    stream.flush()
+
+
+def run(argv, stdout=None, stderr=None):
+    """Parse argv, run the subcommand, print one JSON line; return the exit status."""
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+        # attach reads the config itself and insists on it; the others only borrow pin_dir.
+        config = {} if args.command == "attach" else load_config(args.config)
+        outcome = _HANDLERS[args.command](args, config)
+    except UsageError as exc:
+        _emit(stderr, {"error": exc.message, "field": exc.field})
+        return EXIT_REJECTED
+    except Exception as exc:  # every failure must still be one JSON line
+        details = getattr(exc, "details", None)
+        if details is None:
+            _emit(stderr, {"error": "%s: %s" % (type(exc).__name__, exc), "field": None})
+            return EXIT_SYSTEM
+        payload = {"error": exc.message, "field": details.get("field")}
+        payload.update({k: v for k, v in details.items() if _is_json_scalar(v)})
+        _emit(stderr, payload)
+        return EXIT_REJECTED if payload["field"] else EXIT_SYSTEM
+    status = EXIT_OK
+    if isinstance(outcome, tuple):
+        outcome, status = outcome
+    _emit(stdout, outcome)
+    return status
+
+
+def _is_json_scalar(value):
+    return value is None or isinstance(value, (str, int, float, bool, list))
+
+
+def main(argv=None):
+    return run(sys.argv[1:] if argv is None else argv)
+
+
+def register_hook_main(argv=None):
+    """The engine units' start hook: `<command> ROUTE SLOT PORT UNIT` (model_engine's order)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 4:
+        _emit(
+            sys.stderr,
+            {
+                "error": "usage: zerolayer-register-engine ROUTE SLOT PORT UNIT; got %d arguments"
+                % len(argv),
+                "field": "argv",
+            },
+        )
+        return EXIT_REJECTED
+    route, slot, port, unit = argv
+    return run(["register", "--route", route, "--slot", slot, "--port", port, "--unit", unit])
