@@ -77,7 +77,7 @@ TARGETS = (
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--warmup", type=int, default=2, help="unrecorded seconds per case/mode")
@@ -474,7 +474,10 @@ def write_report(report, output_dir, stamp):
 
 def git_revision():
     done = subprocess.run(
-        ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return done.stdout.strip() or None
 

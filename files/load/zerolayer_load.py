@@ -255,7 +255,7 @@ def worker(index, args, client, recorder, limiter, stopping, deadline):
         target = next(targets)
         connection = client.connect(target)
         try:
-            for _ in range(args.requests_per_connection):
+            for _request in range(args.requests_per_connection):
                 stream = (next(counter) % 100) < args.stream_percent
                 began_wall = time.time()
                 began = time.monotonic()
@@ -273,7 +273,7 @@ def worker(index, args, client, recorder, limiter, stopping, deadline):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument(
         "--target",
         action="append",

@@ -73,7 +73,7 @@ def wave_of(rollout_id):
     """canary.yml names each wave's record <rollout>:<wave>."""
     if not rollout_id:
         return "-"
-    rollout, _, wave = str(rollout_id).rpartition(":")
+    rollout, _separator, wave = str(rollout_id).rpartition(":")
     return wave if rollout else str(rollout_id)
 
 

@@ -141,7 +141,7 @@ class Fleet:
             )
         started = time.monotonic()
         result = subprocess.run(
-            argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+            argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
         )
         result.wall_s = time.monotonic() - started
         return result
@@ -224,6 +224,7 @@ def fleet(ansible_env):
                 capture_output=True,
                 text=True,
                 timeout=2400,
+                check=False,
             )
             assert provisioned.returncode == 0, provisioned.stdout[-4000:]
         yield Fleet(ansible_env, workdir)

@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Runs inside the node rootfs (chroot, /bin/sh) while the image is built.
 set -eu
 export DEBIAN_FRONTEND=noninteractive
