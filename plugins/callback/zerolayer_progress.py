@@ -141,7 +141,9 @@ class CallbackModule(CallbackBase):
         return self.waves.setdefault(name, {"wave": name})
 
     def _line(self, text):
-        self._display.display("%s %s" % (self.get_option("prefix"), text))
+        # Standard error, so stdout stays what the stdout callback makes of it (JSON for a
+        # script that asked for it) while the operator still sees the progress.
+        self._display.display("%s %s" % (self.get_option("prefix"), text), stderr=True)
 
     def _note_rollout_state(self, result):
         summary = result.get("summary")

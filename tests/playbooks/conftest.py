@@ -141,7 +141,15 @@ class Fleet:
             )
         started = time.monotonic()
         result = subprocess.run(
-            argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+            argv,
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            # The progress lines go to stderr; the tests read them with the rest.
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         result.wall_s = time.monotonic() - started
         return result
