@@ -17,6 +17,7 @@ SANDBOX = ROOT / "scripts" / "sandbox"
 LABEL = "zerolayer.sandbox=fleet"
 NETWORK = "zerolayer-sandbox"
 NODES = ["zl-node-01", "zl-node-02"]
+MONITOR = "zl-monitor"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None or os.geteuid() != 0,
@@ -54,8 +55,8 @@ def fleet():
 
 
 def test_up_starts_every_node_with_systemd_running(fleet):
-    assert fleet_containers() == fleet
-    for node in fleet:
+    assert fleet_containers() == sorted([MONITOR, *fleet])
+    for node in [MONITOR, *fleet]:
         state = in_node(node, "systemctl", "is-system-running")
         assert state in {"running", "degraded"}, (node, state)
         assert in_node(node, "hostname") == node
@@ -82,7 +83,15 @@ def test_inventory_groups_scale_with_the_fleet(fleet):
     assert sorted(inventory["gpu_nodes"]["hosts"]) == fleet
     assert inventory["wave_canary"]["hosts"] == fleet[:1]
     assert sorted(inventory["wave_rest"]["hosts"]) == fleet[1:]
-    assert "monitoring" in inventory["all"]["children"]
+    assert inventory["monitoring"]["hosts"] == [MONITOR]
+    addresses = {
+        host: json.loads(
+            run("ansible-inventory", "-i", "inventories/sandbox", "--host", host).stdout
+        )
+        for host in [MONITOR, *fleet]
+    }
+    assert all(vars_["zerolayer_node_address"] for vars_ in addresses.values())
+    assert len({str(vars_["zerolayer_node_address"]) for vars_ in addresses.values()}) == 3
 
 
 def test_ansible_reaches_every_node(fleet):
