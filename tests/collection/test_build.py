@@ -26,6 +26,11 @@ def installed(tmp_path_factory, ansible_env, tool):
     )
     tarball = next(out.glob("zerolayer-fleet-*.tar.gz"))
     collections = out / "collections"
+    # A machine that only has the tarball: no ansible.cfg, so the checkout's own collections
+    # path (where zerolayer.fleet already "is") does not make the install a no-op.
+    env = dict(ansible_env)
+    env.pop("ANSIBLE_CONFIG", None)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(collections)
     subprocess.run(
         [
             tool("ansible-galaxy"),
@@ -39,11 +44,10 @@ def installed(tmp_path_factory, ansible_env, tool):
         ],
         check=True,
         capture_output=True,
-        env=ansible_env,
+        env=env,
+        cwd=out,
     )
-    env = dict(ansible_env)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(collections)
-    env.pop("ANSIBLE_CONFIG", None)
+    assert (collections / "ansible_collections" / "zerolayer" / "fleet" / "MANIFEST.json").exists()
     return tarball, collections, env
 
 
