@@ -60,22 +60,12 @@ options:
     type: str
     choices: [present, absent]
     default: present
-  pin_dir:
-    description: Directory on a bpffs holding the router's pins.
-    type: path
-    default: /sys/fs/bpf/zerolayer
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
-    support: full
 seealso:
   - module: zerolayer.fleet.route
   - module: zerolayer.fleet.route_info
+extends_documentation_fragment:
+  - zerolayer.fleet.router
+  - zerolayer.fleet.router.changes
 """
 
 EXAMPLES = r"""

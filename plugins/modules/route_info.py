@@ -21,10 +21,6 @@ options:
   name:
     description: Only report the route with this name (an unknown name fails).
     type: str
-  pin_dir:
-    description: Directory on a bpffs holding the router's pins.
-    type: path
-    default: /sys/fs/bpf/zerolayer
 attributes:
   check_mode:
     description: Can run in check_mode and return the same information.
@@ -41,6 +37,8 @@ notes:
 seealso:
   - module: zerolayer.fleet.route
   - module: zerolayer.fleet.router
+extends_documentation_fragment:
+  - zerolayer.fleet.router
 """
 
 EXAMPLES = r"""

@@ -54,15 +54,6 @@ options:
       be on a bpffs.
     type: path
     default: /sys/fs/bpf/zerolayer
-attributes:
-  check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying
-      target.
-    support: full
-  diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode),
-      when in diff mode.
-    support: full
 notes:
   - The pin layout is C(prog), C(link) and C(maps/zl_routes), C(maps/zl_sockets),
     C(maps/zl_counters),
@@ -71,6 +62,8 @@ seealso:
   - module: zerolayer.fleet.route
   - module: zerolayer.fleet.engine_socket
   - module: zerolayer.fleet.route_info
+extends_documentation_fragment:
+  - zerolayer.fleet.router.changes
 """
 
 EXAMPLES = r"""
