@@ -19,10 +19,14 @@ NETWORK = "zerolayer-sandbox"
 NODES = ["zl-node-01", "zl-node-02"]
 MONITOR = "zl-monitor"
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("podman") is None or os.geteuid() != 0,
-    reason="needs root and podman",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("podman") is None or os.geteuid() != 0,
+        reason="needs root and podman",
+    ),
+    # One sandbox fleet at a time on a machine: every test that brings it up runs in one worker.
+    pytest.mark.xdist_group("sandbox-fleet"),
+]
 
 
 def run(*argv, check=True):

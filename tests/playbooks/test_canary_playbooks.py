@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.sandbox
+# One sandbox fleet at a time on a machine: every test that brings it up runs in one worker.
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
 TWO_WAVES = json.dumps(
     {
