@@ -157,6 +157,13 @@ def format_number(value):
     return repr(float(value))
 
 
+def family(name, kind, help_text, samples):
+    """One metric family in the text format: HELP, TYPE, then a line per (labels, value)."""
+    lines = ["# HELP %s %s" % (name, help_text), "# TYPE %s %s" % (name, kind)]
+    lines += ["%s{%s} %s" % (name, labels, format_number(value)) for labels, value in samples]
+    return lines
+
+
 class Histogram:
     """One histogram, with a series per path the requests arrived on."""
 
@@ -273,61 +280,82 @@ class Metrics:
     def render(self, error_rate):
         with self.lock:
             labels = self.labels
-            lines = [
-                "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-                "# TYPE vllm:num_requests_running gauge",
-                "vllm:num_requests_running{%s} %d" % (labels, self.running),
-                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-                "# TYPE vllm:num_requests_waiting gauge",
-                "vllm:num_requests_waiting{%s} 0" % labels,
-                "# HELP vllm:request_success_total Count of successfully processed requests.",
-                "# TYPE vllm:request_success_total counter",
-            ]
-            for reason in sorted(self.success):
-                lines.append(
-                    'vllm:request_success_total{finished_reason="%s",%s} %d'
-                    % (reason, labels, self.success[reason])
-                )
-            lines += [
-                "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-                "# TYPE vllm:prompt_tokens_total counter",
-                "vllm:prompt_tokens_total{%s} %d" % (labels, self.prompt_tokens),
-                "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-                "# TYPE vllm:generation_tokens_total counter",
-                "vllm:generation_tokens_total{%s} %d" % (labels, self.generation_tokens),
-            ]
+            lines = []
+            lines += family(
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                [(labels, self.running)],
+            )
+            lines += family(
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                [(labels, 0)],
+            )
+            lines += family(
+                "vllm:request_success_total",
+                "counter",
+                "Count of successfully processed requests.",
+                [
+                    ('finished_reason="%s",%s' % (reason, labels), self.success[reason])
+                    for reason in sorted(self.success)
+                ],
+            )
+            lines += family(
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                [(labels, self.prompt_tokens)],
+            )
+            lines += family(
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                [(labels, self.generation_tokens)],
+            )
             for histogram in (self.ttft, self.itl, self.tpot, self.e2e):
                 lines += histogram.render(labels)
-            lines += [
-                "# HELP http_requests_total Requests by method, status class, handler and path.",
-                "# TYPE http_requests_total counter",
-            ]
-            for (handler, method, status, path), count in sorted(self.http_requests.items()):
-                lines.append(
-                    'http_requests_total{handler="%s",method="%s",status="%s",path="%s",%s} %d'
-                    % (escape_label(handler), method, status, path, labels, count)
-                )
-            lines += [
-                "# HELP zerolayer_sim_errors_total Requests answered with an error, by reason.",
-                "# TYPE zerolayer_sim_errors_total counter",
-            ]
-            for reason in sorted(self.errors):
-                lines.append(
-                    'zerolayer_sim_errors_total{reason="%s",%s} %d'
-                    % (reason, labels, self.errors[reason])
-                )
-            lines += [
-                "# HELP zerolayer_sim_admin_reload_failures_total Admin files left unapplied.",
-                "# TYPE zerolayer_sim_admin_reload_failures_total counter",
-                "zerolayer_sim_admin_reload_failures_total{%s} %d"
-                % (labels, self.admin_reload_failures),
-                "# HELP zerolayer_sim_injected_error_rate Share of requests given an injected 5xx.",
-                "# TYPE zerolayer_sim_injected_error_rate gauge",
-                "zerolayer_sim_injected_error_rate{%s} %s" % (labels, format_number(error_rate)),
-                "# HELP zerolayer_sim_info This engine is a CPU simulator, not a model engine.",
-                "# TYPE zerolayer_sim_info gauge",
-                "zerolayer_sim_info{%s} 1" % self.info_labels,
-            ]
+            lines += family(
+                "http_requests_total",
+                "counter",
+                "Requests by method, status class, handler and path.",
+                [
+                    (
+                        'handler="%s",method="%s",status="%s",path="%s",%s'
+                        % (escape_label(handler), method, status, path, labels),
+                        count,
+                    )
+                    for (handler, method, status, path), count in sorted(self.http_requests.items())
+                ],
+            )
+            lines += family(
+                "zerolayer_sim_errors_total",
+                "counter",
+                "Requests answered with an error, by reason.",
+                [
+                    ('reason="%s",%s' % (reason, labels), self.errors[reason])
+                    for reason in sorted(self.errors)
+                ],
+            )
+            lines += family(
+                "zerolayer_sim_admin_reload_failures_total",
+                "counter",
+                "Admin files left unapplied.",
+                [(labels, self.admin_reload_failures)],
+            )
+            lines += family(
+                "zerolayer_sim_injected_error_rate",
+                "gauge",
+                "Share of requests given an injected 5xx.",
+                [(labels, error_rate)],
+            )
+            lines += family(
+                "zerolayer_sim_info",
+                "gauge",
+                "This engine is a CPU simulator, not a model engine.",
+                [(self.info_labels, 1)],
+            )
         return ("\n".join(lines) + "\n").encode()
 
 
