@@ -71,6 +71,7 @@ class Recorder:
         self.latency = defaultdict(list)
         self.ttft = defaultdict(list)
         self.series = defaultdict(Counter)
+        self.last_began = {}
         self.streams_completed = 0
 
     def success(self, path, began, ended, ttft, streamed):
@@ -78,6 +79,7 @@ class Recorder:
         with self.lock:
             self.by_path[path] += 1
             self.series[second][path] += 1
+            self.last_began[path] = max(began, self.last_began.get(path, began))
             self.latency[path].append(ended - began)
             if ttft is not None:
                 self.ttft[path].append(ttft)
@@ -114,6 +116,9 @@ class Recorder:
                     "latency_p99_s": percentile(latency, 0.99),
                     "ttft_p50_s": percentile(ttft, 0.50),
                     "ttft_p99_s": percentile(ttft, 0.99),
+                    # When the last request that took this path was sent: a drill reads
+                    # from it when the client last opened a connection on the direct path.
+                    "last_began_unix": round(self.last_began[path], 3),
                 }
             series = [
                 {"second": second, **dict(counts)} for second, counts in sorted(self.series.items())

@@ -14,6 +14,14 @@ kernel's run_time_ns covers every program run, also lookups on ports that are no
 routed and never reach the histogram, so it is not the sum of these
 observations. The exact kernel time is exported on its own as
 zerolayer_router_run_seconds_total.
+
+Rollout: each scrape also reads the node's copy of the canary rollout record
+(rollout.py, written by the playbooks). No file means no rollout on this node:
+zerolayer_rollout_stage is 0 and nothing else about a rollout is exported. A file
+that cannot be read or understood gives zerolayer_rollout_record_ok 0 and no other
+rollout series, and never stops the router's own metrics. The record is replaced by
+the next rollout, so rollbacks are exported as the Unix time of the last one in the
+record, not as a counter that would go back to zero.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import sys
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_PORT = 9464
 DEFAULT_ADDRESS = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the node from outside
+DEFAULT_ROLLOUT_RECORD = "/var/lib/zerolayer/rollout.json"
 EXPORTED_BUCKETS = 32  # le up to 2^32 ns (4.3 s); slower decisions land in +Inf only
 NS_PER_SECOND = 1e9
 
@@ -34,6 +43,11 @@ OUTCOMES = (
     ("fallback_no_socket", "fallback_no_socket"),
     ("assign_errors", "assign_error"),
 )
+
+STAGE_STATUSES = ("pending", "started", "holding", "completed")
+# Both end a rollout with the routes back on the proxy path (the playbooks' abort rolls back).
+ENDED_ON_PROXY = ("rolled_back", "aborted")
+ROLLBACK_KINDS = ("fast", "deep")
 
 _HELP = {
     "zerolayer_router_attached": "1 while the router's link is attached to the node's network "
@@ -51,6 +65,20 @@ _HELP = {
     "fallback_no_socket or assign_error",
     "zerolayer_route_decision_duration_seconds": "Decision time, from the program's log2 "
     "histogram (bucket bounds 2^k ns; _sum estimated from bucket midpoints)",
+    "zerolayer_rollout_record_ok": "0 when the node's rollout record exists but cannot be read "
+    "or understood (no other rollout series then)",
+    "zerolayer_rollout_info": "The rollout in the node's record and its outcome",
+    "zerolayer_rollout_stage": "Stage of the rollout, 1-based; 0 when the node has no rollout "
+    "record",
+    "zerolayer_rollout_stages": "Stages in the rollout's schedule",
+    "zerolayer_rollout_stage_status": "1 for the current stage's status: pending, started, "
+    "holding or completed",
+    "zerolayer_rollout_weight_ratio": "The weight the rollout record asks for, 0..1 (0 once "
+    "rolled back or aborted)",
+    "zerolayer_rollout_paused": "1 while the rollout is paused",
+    "zerolayer_rollout_updated_timestamp_seconds": "Unix time of the record's last change",
+    "zerolayer_rollout_rollback_timestamp_seconds": "Unix time of the record's last rollback by "
+    "kind: fast or deep (unknown when the record does not say), abort for a person's abort",
 }
 
 
@@ -98,6 +126,93 @@ def collect(layout):
         )
     snapshot["latency_buckets"] = read_latency_buckets(layout)
     return snapshot
+
+
+# Rollout record
+
+
+def _unix_time(value, field):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+
+    return parse_timestamp(value, field).timestamp()
+
+
+def _stage_weight_ratio(planned):
+    weight_bp = planned.get("weight_bp")
+    if isinstance(weight_bp, bool) or not isinstance(weight_bp, int) or not 0 <= weight_bp <= 10000:
+        raise ValueError("schedule weight_bp must be 0..10000; got %r" % (weight_bp,))
+    return weight_bp / 10000.0
+
+
+def _rollback_kind(record):
+    details = (record.get("rollback") or {}).get("details") or {}
+    mode = details.get("mode") if isinstance(details, dict) else None
+    return mode if mode in ROLLBACK_KINDS else "unknown"
+
+
+def _rollback_times(record):
+    """{kind: Unix time} of the last rolled_back and abort transitions."""
+    times = {}
+    for entry in record["transitions"]:
+        if entry.get("action") == "rolled_back":
+            kind = _rollback_kind(record)
+        elif entry.get("action") == "abort":
+            kind = "abort"
+        else:
+            continue
+        times[kind] = max(times.get(kind, 0.0), _unix_time(entry["at"], "transitions[].at"))
+    return times
+
+
+def rollout_from_record(record):
+    """The exported view of a decoded rollout record (rollout.decode_record)."""
+    stage = record["stage"]
+    index = stage["index"]
+    schedule = record["schedule"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(schedule):
+        raise ValueError("stage.index must be 0..%d; got %r" % (len(schedule) - 1, index))
+    if stage["status"] not in STAGE_STATUSES:
+        raise ValueError(
+            "stage.status must be one of %s; got %r" % (STAGE_STATUSES, stage["status"])
+        )
+    outcome = record["outcome"]
+    ended_on_proxy = outcome in ENDED_ON_PROXY
+    return {
+        "state": "ok",
+        "rollout_id": record["rollout_id"],
+        "outcome": outcome,
+        "stage_number": index + 1,
+        "stage_count": len(schedule),
+        "stage_status": stage["status"],
+        "weight_ratio": 0.0 if ended_on_proxy else _stage_weight_ratio(schedule[index]),
+        "paused": record.get("paused") is True,
+        "updated_at": _unix_time(record["updated_at"], "updated_at"),
+        "rollbacks": _rollback_times(record),
+    }
+
+
+def read_rollout(path):
+    """{state: missing|ok|bad, ...}: one read of the node's rollout record.
+
+    Never raises for a bad record: the router's metrics must still be served; the
+    reason goes to "error".
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import read_record
+
+    try:
+        record = read_record(path)
+        if record is None:
+            return {"state": "missing"}
+        return rollout_from_record(record)
+    except FleetError as error:
+        return {"state": "bad", "error": error.message}
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as error:
+        return {
+            "state": "bad",
+            "error": "%s is not a usable rollout record: %s: %s"
+            % (path, type(error).__name__, error),
+        }
 
 
 # Rendering
@@ -261,13 +376,85 @@ def render(snapshot):
             "histogram",
             histogram_samples("zerolayer_route_decision_duration_seconds", buckets),
         )
+    rollout = snapshot.get("rollout")
+    if rollout is not None:
+        render_rollout(lines, rollout)
     return "\n".join(lines) + "\n"
+
+
+def _gauge(lines, name, labels, value):
+    _family(lines, name, "gauge", [_sample(name, labels, value)])
+
+
+def render_rollout(lines, rollout):
+    """Append the rollout families of a read_rollout() result."""
+    _gauge(lines, "zerolayer_rollout_record_ok", [], 0 if rollout["state"] == "bad" else 1)
+    if rollout["state"] == "bad":
+        return
+    if rollout["state"] == "missing":
+        _gauge(lines, "zerolayer_rollout_stage", [], 0)
+        return
+    _gauge(
+        lines,
+        "zerolayer_rollout_info",
+        [("rollout_id", rollout["rollout_id"]), ("outcome", rollout["outcome"])],
+        1,
+    )
+    _gauge(lines, "zerolayer_rollout_stage", [], rollout["stage_number"])
+    _gauge(lines, "zerolayer_rollout_stages", [], rollout["stage_count"])
+    _family(
+        lines,
+        "zerolayer_rollout_stage_status",
+        "gauge",
+        [
+            _sample(
+                "zerolayer_rollout_stage_status",
+                [("status", status)],
+                1 if status == rollout["stage_status"] else 0,
+            )
+            for status in STAGE_STATUSES
+        ],
+    )
+    _gauge(lines, "zerolayer_rollout_weight_ratio", [], rollout["weight_ratio"])
+    _gauge(lines, "zerolayer_rollout_paused", [], 1 if rollout["paused"] else 0)
+    _gauge(lines, "zerolayer_rollout_updated_timestamp_seconds", [], rollout["updated_at"])
+    if rollout["rollbacks"]:
+        _family(
+            lines,
+            "zerolayer_rollout_rollback_timestamp_seconds",
+            "gauge",
+            [
+                _sample("zerolayer_rollout_rollback_timestamp_seconds", [("kind", kind)], at)
+                for kind, at in sorted(rollout["rollbacks"].items())
+            ],
+        )
 
 
 # HTTP server
 
 
-def make_handler(layout, collect_snapshot=collect):
+class RolloutRecordReader:
+    """read_rollout() of one path per scrape; a bad record is logged when its reason changes.
+
+    Scrapes come every few seconds: one line per new problem keeps the journal readable.
+    """
+
+    def __init__(self, path, log=None):
+        self.path = path
+        self.log = log or sys.stderr.write
+        self.last_error = None
+
+    def __call__(self):
+        rollout = read_rollout(self.path)
+        error = rollout.get("error")
+        if error and error != self.last_error:
+            self.log("rollout record unusable: %s\n" % error)
+        self.last_error = error
+        return rollout
+
+
+def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
+    """The /metrics handler; read_rollout_record (a RolloutRecordReader) adds the rollout."""
     from http.server import BaseHTTPRequestHandler
 
     class MetricsHandler(BaseHTTPRequestHandler):
@@ -278,7 +465,10 @@ def make_handler(layout, collect_snapshot=collect):
                 self._reply(404, "text/plain; charset=utf-8", "not found; try /metrics\n")
                 return
             try:
-                body = render(collect_snapshot(layout))
+                snapshot = collect_snapshot(layout)
+                if read_rollout_record is not None:
+                    snapshot["rollout"] = read_rollout_record()
+                body = render(snapshot)
             except Exception as exc:  # a scrape error must answer 500, not kill the server
                 message = getattr(exc, "message", None) or "%s: %s" % (type(exc).__name__, exc)
                 sys.stderr.write("scrape failed: %s\n" % message)
@@ -300,20 +490,28 @@ def make_handler(layout, collect_snapshot=collect):
     return MetricsHandler
 
 
-def serve(layout, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, keep_stats=True):
+def serve(
+    layout,
+    address=DEFAULT_ADDRESS,
+    port=DEFAULT_PORT,
+    keep_stats=True,
+    rollout_record=DEFAULT_ROLLOUT_RECORD,
+):
     """Serve /metrics until interrupted.
 
     With keep_stats the exporter holds a BPF_ENABLE_STATS fd for its whole life, so
     the kernel keeps counting run_time_ns/run_cnt of the program (about 20 ns per
     run) without touching the kernel.bpf_stats_enabled sysctl; the counting stops
-    when the exporter exits.
+    when the exporter exits. rollout_record is the node's copy of the rollout record,
+    read on every scrape; None leaves the rollout series out.
     """
     from http.server import ThreadingHTTPServer
 
     from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import RunTimeStats
 
     stats = RunTimeStats().__enter__() if keep_stats else None
-    server = ThreadingHTTPServer((address, port), make_handler(layout))
+    reader = RolloutRecordReader(rollout_record) if rollout_record else None
+    server = ThreadingHTTPServer((address, port), make_handler(layout, collect, reader))
     try:
         server.serve_forever()
     finally:
@@ -339,6 +537,12 @@ def exporter_main(argv=None):
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--pin-dir", default=DEFAULT_PIN_DIR)
     parser.add_argument(
+        "--rollout-record",
+        default=DEFAULT_ROLLOUT_RECORD,
+        help="the node's copy of the canary rollout record, read on every scrape; "
+        "an empty value leaves the rollout series out (default %(default)s)",
+    )
+    parser.add_argument(
         "--no-run-time-stats",
         action="store_true",
         help="do not hold BPF_ENABLE_STATS (run_seconds_total/runs_total then stay flat)",
@@ -347,7 +551,13 @@ def exporter_main(argv=None):
     if not 1 <= args.port <= 65535:
         parser.error("--port must be a TCP port number from 1 to 65535; got %d" % args.port)
     try:
-        serve(PinLayout(args.pin_dir), args.listen_address, args.port, not args.no_run_time_stats)
+        serve(
+            PinLayout(args.pin_dir),
+            args.listen_address,
+            args.port,
+            not args.no_run_time_stats,
+            args.rollout_record,
+        )
     except FleetError as exc:
         sys.stderr.write("zerolayer-route-exporter: %s\n" % exc.message)
         return 1

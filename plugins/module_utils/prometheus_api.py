@@ -22,6 +22,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 QUERY_PATH = "/api/v1/query"
+QUERY_RANGE_PATH = "/api/v1/query_range"
 UNREACHABLE_KINDS = ("unreachable", "timeout")
 
 
@@ -54,12 +55,7 @@ def parse_sample_value(text):
         ) from None
 
 
-def parse_query_response(payload):
-    """The samples of a decoded /api/v1/query reply.
-
-    A vector gives one Sample per series, a scalar one Sample without labels.
-    Range vectors and strings cannot be compared with a threshold and are refused.
-    """
+def _reply_data(payload):
     if not isinstance(payload, dict):
         raise FleetError("Prometheus reply is not a JSON object", {"kind": "query"})
     if payload.get("status") != "success":
@@ -71,8 +67,31 @@ def parse_query_response(payload):
     data = payload.get("data")
     if not isinstance(data, dict):
         raise FleetError("Prometheus reply has no data object", {"kind": "query"})
-    result_type = data.get("resultType")
-    result = data.get("result")
+    return data.get("resultType"), data.get("result")
+
+
+def parse_range_response(payload):
+    """{series labels as text: [(unix time, value), ...]} of a decoded /api/v1/query_range reply."""
+    result_type, result = _reply_data(payload)
+    if result_type != "matrix":
+        raise FleetError(
+            "a range query returned a %s, not a matrix" % result_type, {"kind": "query"}
+        )
+    return {
+        Sample(item.get("metric", {}), None).label_text(): [
+            (float(at), parse_sample_value(value)) for at, value in item.get("values", [])
+        ]
+        for item in result
+    }
+
+
+def parse_query_response(payload):
+    """The samples of a decoded /api/v1/query reply.
+
+    A vector gives one Sample per series, a scalar one Sample without labels.
+    Range vectors and strings cannot be compared with a threshold and are refused.
+    """
+    result_type, result = _reply_data(payload)
     if result_type == "scalar":
         return [Sample({}, parse_sample_value(result[1]))]
     if result_type == "vector":
@@ -137,11 +156,21 @@ class PrometheusClient:
 
     def query(self, promql):
         """The samples of an instant query evaluated at the server's current time."""
+        return parse_query_response(self._post(QUERY_PATH, {"query": promql}))
+
+    def query_range(self, promql, start, end, step):
+        """{labels as text: [(unix time, value), ...]} of a range query (for reports and plots)."""
+        payload = self._post(
+            QUERY_RANGE_PATH, {"query": promql, "start": start, "end": end, "step": step}
+        )
+        return parse_range_response(payload)
+
+    def _post(self, path, params):
         # POST keeps long queries out of URLs (and out of proxy logs).
-        body = urlencode({"query": promql})
+        body = urlencode(params)
         try:
             response = self.opener(
-                self.url + QUERY_PATH,
+                self.url + path,
                 data=body,
                 headers=self._headers(),
                 method="POST",
@@ -164,7 +193,6 @@ class PrometheusClient:
                 {"kind": kind},
             ) from None
         try:
-            payload = json.loads(raw.decode("utf-8"))
+            return json.loads(raw.decode("utf-8"))
         except ValueError:
             raise FleetError("Prometheus reply is not JSON", {"kind": "query"}) from None
-        return parse_query_response(payload)

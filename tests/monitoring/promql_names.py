@@ -24,15 +24,13 @@ EXTERNAL_METRICS = {
     "node_systemd_unit_state": "node_exporter",
     # cAdvisor (cgroup v2, --docker_only=false): per-cgroup memory PSI "some".
     "container_pressure_memory_waiting_seconds_total": "cadvisor",
-    # Not emitted yet (docs/metrics.md, "Rollout"): the dashboard's rollout panels stay
-    # empty until the rollout record on each node is exported.
-    "zerolayer_rollout_stage": "not emitted yet: rollout record export",
-    "zerolayer_rollout_weight_ratio": "not emitted yet: rollout record export",
-    "zerolayer_rollback_total": "not emitted yet: rollout record export",
 }
 
 # Engine metric names that must come from the engines (the simulator proves them here).
 ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total)$")
+# Names zerolayer-route-exporter serves (the exporter's own rendering proves them here).
+EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout)_\w+$")
+COLLECTIONS_PATH = REPO / ".collections"
 
 KEYWORDS = {
     "and",
@@ -110,3 +108,41 @@ def recorded_names():
 
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+def exporter_text():
+    """What zerolayer-route-exporter serves for an attached router with a route, during a
+    rollout that was rolled back: every family it has, rendered by its own code."""
+    import datetime
+    import sys
+
+    if str(COLLECTIONS_PATH) not in sys.path:
+        sys.path.insert(0, str(COLLECTIONS_PATH))
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition, rollout
+
+    now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+    record, _changed, _note = rollout.plan(None, "dash-1", None, None, False, now, "sre@ctl")
+    record, _changed = rollout.apply(record, "stage_started", {"stage": 0}, now, "sre@ctl")
+    record, _changed = rollout.apply(
+        record, "rolled_back", {"details": {"mode": "fast"}}, now, "sre@ctl"
+    )
+    counters = dict.fromkeys(
+        ["lookups", "to_engine", "to_proxy_by_weight", "fallback_no_socket", "assign_errors"], 1
+    )
+    snapshot = {
+        "attached": True,
+        "program": {"id": 1, "tag": "0123456789abcdef", "run_time_ns": 10, "run_cnt": 1},
+        "routes": [
+            {
+                "name": "chat",
+                "port": 8080,
+                "weight_bp": 100,
+                "generation": 1,
+                "engine_sockets": 1,
+                "counters": counters,
+            }
+        ],
+        "latency_buckets": [1] * 64,
+        "rollout": exposition.rollout_from_record(record),
+    }
+    return exposition.render(snapshot)

@@ -1,4 +1,5 @@
-"""The sandbox fleet for the playbook tests: up once per module, always torn down.
+"""The sandbox fleet for the playbook tests: up once, shared by every test module here (they
+run on one worker, in file order), always torn down.
 
 `scripts/sandbox up N` starts the nodes, `playbooks/site.yml` provisions them, and every
 test drives `ansible-playbook` against them from this checkout. The fixture's finalizer
@@ -80,10 +81,13 @@ class Fleet:
     def exec(self, node, *argv, check=True):
         return podman(self.env, "exec", node, *argv, check=check)
 
+    def show(self, node):
+        """Router state, routes, slots and counters, read on the node with zerolayer-routectl."""
+        return json.loads(self.exec(node, "/usr/local/sbin/zerolayer-routectl", "show").stdout)
+
     def routes(self, node):
         """{route: (weight_bp, generation)} read on the node with zerolayer-routectl."""
-        shown = json.loads(self.exec(node, "/usr/local/sbin/zerolayer-routectl", "show").stdout)
-        return {r["name"]: (r["weight_bp"], r["generation"]) for r in shown["routes"]}
+        return {r["name"]: (r["weight_bp"], r["generation"]) for r in self.show(node)["routes"]}
 
     def weights(self):
         return {node: self.routes(node) for node in self.nodes}
@@ -130,15 +134,19 @@ class Fleet:
         env = dict(self.env)
         env["ANSIBLE_CALLBACKS_ENABLED"] = "zerolayer.fleet.zerolayer_progress"
         if background:
-            log = open(self.workdir / ("%s-%d.log" % (name, time.time_ns())), "w")
-            return subprocess.Popen(
-                argv,
-                env=env,
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            log_path = self.workdir / ("%s-%d.log" % (name, time.time_ns()))
+            with open(log_path, "w") as log:
+                process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            # Read by a test that fails, to show what the background run printed.
+            process.log_path = log_path
+            return process
         started = time.monotonic()
         result = subprocess.run(
             argv,
@@ -215,7 +223,7 @@ class Load:
         return json.loads(self.summary.read_text())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fleet(ansible_env):
     if shutil.which("podman") is None:
         pytest.fail("podman is needed for the sandbox fleet")

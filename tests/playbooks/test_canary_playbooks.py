@@ -1,7 +1,8 @@
 """canary.yml and rollback.yml driven by ansible-playbook against the sandbox fleet.
 
-One fleet for the module (conftest.py). Each test starts from weight 0 everywhere and a
-fresh controller record directory; the deep rollback, which removes the router, runs last.
+One fleet for the session (conftest.py). Each test starts from weight 0 everywhere and a
+fresh controller record directory; the deep rollback, which removes the router, runs last
+here and ends with restore.yml putting it back.
 Schedules are compressed to seconds (tests/playbooks/drill_vars.yml and per-test -e).
 """
 
@@ -197,8 +198,10 @@ def test_interrupted_run_resumes_with_the_remaining_hold(fleet, records, baselin
             if path.exists() and json.loads(path.read_text())["stage"]["status"] == "holding":
                 break
             time.sleep(1)
-        held = json.loads(path.read_text())
-        assert held["stage"]["status"] == "holding", "the first run never reached its hold"
+        held = json.loads(path.read_text()) if path.exists() else {"stage": {}}
+        assert held["stage"].get("status") == "holding", (
+            "the first run never reached its hold:\n" + first.log_path.read_text()[-6000:]
+        )
         time.sleep(5)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
@@ -206,7 +209,9 @@ def test_interrupted_run_resumes_with_the_remaining_hold(fleet, records, baselin
         second = fleet.canary("resume", records, "-e", schedule)
     finally:
         client.stop()
-    assert second.returncode == 0, second.stdout[-6000:]
+    assert second.returncode == 0, (
+        first.log_path.read_text()[-3000:] + "\n--- second run ---\n" + second.stdout[-6000:]
+    )
     kept = record(records, "resume", "gpu_nodes")
     assert kept["outcome"] == "completed"
     first_stage = kept["completed_stages"][0]
@@ -284,3 +289,14 @@ def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
         ).stdout
         assert "X-Zerolayer-Path: proxy" in answer, (node, answer)
         assert " 200 " in answer.splitlines()[0], (node, answer)
+
+    # restore.yml puts the router back at weight 0 with the engines registered (the drill's
+    # last step, and what the next test module needs).
+    restored = fleet.playbook("restore.yml")
+    assert restored.returncode == 0, restored.stdout[-6000:]
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+    for node in fleet.nodes:
+        info = fleet.show(node)
+        assert info["router"]["attached"], node
+        assert all(route["slots"] for route in info["routes"]), (node, info["routes"])

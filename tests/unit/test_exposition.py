@@ -1,11 +1,16 @@
-"""Prometheus text rendering of router snapshots (no kernel needed)."""
+"""Prometheus text rendering of router snapshots and the rollout record (no kernel needed)."""
 
+import datetime
+import http.client
 import re
 import shutil
 import subprocess
+import threading
+from http.server import ThreadingHTTPServer
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 
 COUNTERS = {
     "lookups": 100,
@@ -170,15 +175,268 @@ def test_format_value_keeps_integers_exact():
     ids=["attached", "detached", "nothing-pinned"],
 )
 def test_promtool_accepts_the_text(case):
+    promtool_check(exposition.render(case))
+
+
+def promtool_check(text):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is missing: install the prometheus package (bindep profile test)")
     check = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=exposition.render(case),
-        capture_output=True,
-        text=True,
-        check=False,
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.strip() == "" and check.stderr.strip() == ""
+
+
+# ---------------------------------------------------------------- the rollout record
+
+T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+ME = "sre@controller"
+SCHEDULE = [{"weight": 1, "hold": "10m"}, {"weight": 12.5, "hold": 600}, {"weight": 100}]
+
+
+def at(seconds):
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def unix(seconds):
+    return at(seconds).timestamp()
+
+
+def step(record, action, seconds, **params):
+    record, changed = r.apply(record, action, params, at(seconds), ME)
+    assert changed, action
+    return record
+
+
+def at_second_stage():
+    """A real record, built by the same functions the playbooks call: stage 2 (12.5%) holding."""
+    record, _changed, _note = r.plan(None, "chat-7", SCHEDULE, None, False, at(0), ME)
+    record = step(record, "stage_started", 10, stage=0)
+    record = step(record, "hold_started", 20)
+    record = step(record, "stage_completed", 700)
+    record = step(record, "stage_started", 710, stage=1)
+    return step(record, "hold_started", 720)
+
+
+def rolled_back(mode):
+    record = at_second_stage()
+    return step(
+        record,
+        "rolled_back",
+        900,
+        reason="%s rollback: gates failed" % mode,
+        details={"mode": mode, "wall_time_s": 1.2},
+    )
+
+
+def write(tmp_path, record):
+    path = tmp_path / "rollout.json"
+    r.write_record(str(path), record)
+    return str(path)
+
+
+def rollout_samples(path):
+    snapshot = {"attached": False, "program": None, "routes": [], "latency_buckets": None}
+    snapshot["rollout"] = exposition.read_rollout(path)
+    text = exposition.render(snapshot)
+    promtool_check(text)
+    return samples(text)
+
+
+def rollout_only(found):
+    return {series: value for series, value in found.items() if "zerolayer_rollout_" in series}
+
+
+def status_samples(current):
+    return {
+        'zerolayer_rollout_stage_status{status="%s"}' % status: 1 if status == current else 0
+        for status in exposition.STAGE_STATUSES
+    }
+
+
+def test_a_record_at_a_stage(tmp_path):
+    found = rollout_samples(write(tmp_path, at_second_stage()))
+    assert rollout_only(found) == {
+        "zerolayer_rollout_record_ok": 1,
+        'zerolayer_rollout_info{rollout_id="chat-7",outcome="running"}': 1,
+        "zerolayer_rollout_stage": 2,
+        "zerolayer_rollout_stages": 3,
+        **status_samples("holding"),
+        "zerolayer_rollout_weight_ratio": 0.125,
+        "zerolayer_rollout_paused": 0,
+        "zerolayer_rollout_updated_timestamp_seconds": unix(720),
+    }
+
+
+def test_a_paused_record(tmp_path):
+    record = step(at_second_stage(), "pause", 800, reason="gates cannot see")
+    found = rollout_only(rollout_samples(write(tmp_path, record)))
+    assert found["zerolayer_rollout_paused"] == 1
+    assert found['zerolayer_rollout_info{rollout_id="chat-7",outcome="paused"}'] == 1
+    # A pause keeps the weight where it is.
+    assert found["zerolayer_rollout_weight_ratio"] == 0.125
+    assert found["zerolayer_rollout_stage"] == 2
+    assert found["zerolayer_rollout_updated_timestamp_seconds"] == unix(800)
+    assert not any("rollback" in series for series in found)
+
+
+@pytest.mark.parametrize("mode", ["fast", "deep"])
+def test_a_rolled_back_record(tmp_path, mode):
+    found = rollout_only(rollout_samples(write(tmp_path, rolled_back(mode))))
+    assert found['zerolayer_rollout_info{rollout_id="chat-7",outcome="rolled_back"}'] == 1
+    # The stage it ended at stays; the weight asked for is the proxy path's.
+    assert found["zerolayer_rollout_stage"] == 2
+    assert found["zerolayer_rollout_weight_ratio"] == 0
+    assert found["zerolayer_rollout_paused"] == 0
+    rollbacks = {s: v for s, v in found.items() if s.startswith("zerolayer_rollout_rollback")}
+    assert rollbacks == {
+        'zerolayer_rollout_rollback_timestamp_seconds{kind="%s"}' % mode: unix(900)
+    }
+
+
+def test_an_abort_then_its_rollback_are_both_moments(tmp_path):
+    record = step(at_second_stage(), "abort", 850, reason="aborted by request")
+    record = step(
+        record, "rolled_back", 851, reason="fast rollback: aborted", details={"mode": "fast"}
+    )
+    found = rollout_only(rollout_samples(write(tmp_path, record)))
+    # A person's abort stays the outcome once its rollback is done.
+    assert found['zerolayer_rollout_info{rollout_id="chat-7",outcome="aborted"}'] == 1
+    assert found["zerolayer_rollout_weight_ratio"] == 0
+    assert found['zerolayer_rollout_rollback_timestamp_seconds{kind="abort"}'] == unix(850)
+    assert found['zerolayer_rollout_rollback_timestamp_seconds{kind="fast"}'] == unix(851)
+
+
+def test_a_rollback_whose_mode_is_not_recorded_is_unknown(tmp_path):
+    record = step(at_second_stage(), "rolled_back", 900, reason="by hand")
+    found = rollout_only(rollout_samples(write(tmp_path, record)))
+    assert found['zerolayer_rollout_rollback_timestamp_seconds{kind="unknown"}'] == unix(900)
+
+
+def test_a_completed_record_asks_for_the_whole_weight(tmp_path):
+    record = at_second_stage()
+    record = step(record, "stage_completed", 1400)
+    record = step(record, "stage_started", 1410, stage=2)
+    record = step(record, "completed", 1420)
+    found = rollout_only(rollout_samples(write(tmp_path, record)))
+    assert found['zerolayer_rollout_info{rollout_id="chat-7",outcome="completed"}'] == 1
+    assert found["zerolayer_rollout_stage"] == 3
+    assert found["zerolayer_rollout_weight_ratio"] == 1
+    assert found['zerolayer_rollout_stage_status{status="completed"}'] == 1
+
+
+def test_no_record_means_no_rollout(tmp_path):
+    found = rollout_samples(str(tmp_path / "absent.json"))
+    assert rollout_only(found) == {"zerolayer_rollout_record_ok": 1, "zerolayer_rollout_stage": 0}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[]",
+        '{"format": 1}',
+        "",
+    ],
+    ids=["not-json", "not-an-object", "missing-keys", "empty"],
+)
+def test_a_garbled_record_is_reported_and_exports_no_rollout(tmp_path, content):
+    path = tmp_path / "rollout.json"
+    path.write_text(content)
+    found = rollout_samples(str(path))
+    assert rollout_only(found) == {"zerolayer_rollout_record_ok": 0}
+
+
+def test_a_record_with_a_stage_out_of_its_schedule_is_garbled(tmp_path):
+    record = at_second_stage()
+    record["stage"]["index"] = 7
+    found = rollout_samples(write(tmp_path, record))
+    assert rollout_only(found) == {"zerolayer_rollout_record_ok": 0}
+    assert "stage.index" in exposition.read_rollout(write(tmp_path, record))["error"]
+
+
+def test_an_unreadable_record_is_garbled(tmp_path):
+    # A directory where the file should be: open() fails with EISDIR, also for root.
+    path = tmp_path / "rollout.json"
+    path.mkdir()
+    rollout = exposition.read_rollout(str(path))
+    assert rollout["state"] == "bad" and "cannot read" in rollout["error"]
+
+
+def test_reader_logs_a_problem_once_until_it_changes(tmp_path):
+    path = tmp_path / "rollout.json"
+    path.write_text("{not json")
+    logged = []
+    reader = exposition.RolloutRecordReader(str(path), log=logged.append)
+    reader()
+    reader()
+    assert len(logged) == 1 and "not valid JSON" in logged[0]
+    r.write_record(str(path), at_second_stage())
+    assert reader()["state"] == "ok"
+    path.write_text("{not json")
+    reader()
+    assert len(logged) == 2
+
+
+def scrape(handler):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        body = response.read().decode()
+        connection.close()
+        return response.status, body
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_a_garbled_record_keeps_the_router_metrics_served(tmp_path):
+    path = tmp_path / "rollout.json"
+    path.write_text('{"format": 1, "rollout_id": ')
+    reader = exposition.RolloutRecordReader(str(path), log=lambda line: None)
+    status, body = scrape(exposition.make_handler(None, lambda _layout: snapshot(), reader))
+    assert status == 200
+    found = samples(body)
+    assert found["zerolayer_rollout_record_ok"] == 0
+    assert found["zerolayer_router_attached"] == 1
+    assert found['zerolayer_route_weight_ratio{route="chat",port="8080"}'] == 0.125
+    assert "zerolayer_rollout_stage" not in body
+
+
+def test_the_record_is_read_on_every_scrape(tmp_path):
+    path = tmp_path / "rollout.json"
+    reader = exposition.RolloutRecordReader(str(path), log=lambda line: None)
+    handler = exposition.make_handler(None, lambda _layout: snapshot(), reader)
+    assert samples(scrape(handler)[1])["zerolayer_rollout_stage"] == 0
+    r.write_record(str(path), rolled_back("deep"))
+    found = samples(scrape(handler)[1])
+    assert found["zerolayer_rollout_stage"] == 2
+    assert found['zerolayer_rollout_rollback_timestamp_seconds{kind="deep"}'] == unix(900)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], exposition.DEFAULT_ROLLOUT_RECORD),
+        (["--rollout-record", "/srv/zl/rollout.json"], "/srv/zl/rollout.json"),
+        (["--rollout-record", ""], ""),
+    ],
+    ids=["default", "given", "off"],
+)
+def test_exporter_passes_the_rollout_record_option(monkeypatch, argv, expected):
+    served = []
+    monkeypatch.setattr(exposition, "serve", lambda *args: served.append(args))
+    assert exposition.exporter_main(["--port", "9464", *argv]) == 0
+    assert served[0][4] == expected
+
+
+def test_serve_without_a_record_path_leaves_the_rollout_out():
+    handler = exposition.make_handler(None, lambda _layout: snapshot(), None)
+    assert "zerolayer_rollout_" not in scrape(handler)[1]

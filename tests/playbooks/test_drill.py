@@ -1,0 +1,126 @@
+"""The pre-release rollback drill (playbooks/drill.yml) on the sandbox fleet: the release gate,
+run through ansible-runner as an automation platform runs it.
+
+It shares the session's fleet (conftest.py) and runs after test_canary_playbooks.py, which
+leaves the router restored at weight 0. The report goes to $ZEROLAYER_DRILL_REPORT_DIR when
+set (CI keeps it), else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+
+REPO = Path(__file__).resolve().parents[2]
+DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
+
+SCHEDULE = json.dumps(
+    {
+        "drill_schedule": [
+            {"weight": 1, "hold": 10},
+            {"weight": 5, "hold": 10},
+            {"weight": 20, "hold": 10},
+            {"weight": 100, "hold": 0},
+        ]
+    }
+)
+
+
+def stop_stray_load_client(stop_file):
+    """A drill that stopped half-way leaves its load client running until its stop file."""
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.touch()
+    subprocess.run(["pkill", "-f", "--", "--stop-file %s" % stop_file], check=False)
+
+
+def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
+    report_root = Path(os.environ.get("ZEROLAYER_DRILL_REPORT_DIR") or tmp_path / "drills")
+    drill_id = "drill-%d" % os.getpid()
+    drill_dir = report_root / drill_id
+    private = tmp_path / "runner"
+    extra = [
+        "-e @%s" % DRILL_VARS,
+        "-e '%s'" % SCHEDULE,
+        "-e canary_prometheus_url=%s" % fleet.prometheus_url,
+        "-e drill_report_dir=%s" % report_root,
+        "-e drill_id=%s" % drill_id,
+    ]
+    # Through ansible-runner, as AWX or an automation platform would run it.
+    try:
+        run = subprocess.run(
+            [
+                "ansible-runner",
+                "run",
+                str(private),
+                "--project-dir",
+                str(REPO),
+                "--playbook",
+                "playbooks/drill.yml",
+                "--inventory",
+                str(REPO / "inventories" / "sandbox"),
+                "--ident",
+                "drill",
+                "--cmdline",
+                " ".join(extra),
+                "--quiet",
+            ],
+            env=fleet.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+    finally:
+        stop_stray_load_client(drill_dir / "load.stop")
+    artifacts = private / "artifacts" / "drill"
+    output = (artifacts / "stdout").read_text() if (artifacts / "stdout").exists() else run.stderr
+    assert run.returncode == 0, output[-8000:]
+    assert (artifacts / "status").read_text().strip() == "successful"
+
+    report = json.loads((drill_dir / "report.json").read_text())
+    checks = {check["name"]: check for check in report["checks"]}
+    assert report["passed"], [check for check in report["checks"] if not check["passed"]]
+    assert report["requests"]["failed"] == 0, report["requests"]["failures_by_cause"]
+    assert report["requests"]["ok"] > 1000
+    assert report["requests"]["streams_completed"] > 0
+    assert [stage["weight"] for stage in report["stages"]] == [1, 5, 20]
+    for stage in (1, 2, 3):
+        assert checks["split_client_stage_%d" % stage]["passed"]
+        assert checks["split_router_stage_%d" % stage]["passed"]
+    fast, deep = report["rollbacks"]["fast"], report["rollbacks"]["deep"]
+    assert fast["nodes_confirmed"] == deep["nodes_confirmed"] == len(fleet.nodes)
+    assert 0 < fast["wall_time_s"] <= 30
+    assert 0 < deep["wall_time_s"] <= 300
+    stages = report["stages"]
+    print(
+        "drill %s: %d requests, 0 failed, %d streams; fast rollback %.2f s, deep %.2f s; "
+        "split client/router per stage %s"
+        % (
+            drill_id,
+            report["requests"]["ok"],
+            report["requests"]["streams_completed"],
+            fast["wall_time_s"],
+            deep["wall_time_s"],
+            [(s["weight"], s["client_direct_pct"], s["router_engine_pct"]) for s in stages],
+        )
+    )
+
+    suite = ET.parse(drill_dir / "report.junit.xml").getroot()  # noqa: S314 - the drill's own file
+    assert suite.get("failures") == "0"
+    assert int(suite.get("tests")) == len(report["checks"])
+    assert (drill_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # The drill leaves the fleet as it found it: router attached, weight 0, record closed.
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+        assert fleet.show(node)["router"]["attached"], node
+    record = json.loads((drill_dir / "rollouts" / drill_id / "gpu_nodes.json").read_text())
+    assert record["outcome"] == "rolled_back"

@@ -1,0 +1,240 @@
+"""The drill's judge: checks, JSON/JUnit/PNG outputs, and its refusals of bad input.
+
+The inputs are built the way the drill builds them: a rollout record through the rollout
+module's own transitions, a load summary in the load client's format, rollback reports in
+rollback.yml's format. Times are Unix seconds from T0.
+"""
+
+import datetime
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import drill
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+T0 = 1_796_000_000.0
+ME = "drill@controller"
+SCHEDULE = [
+    {"weight": 1, "hold": 10},
+    {"weight": 5, "hold": 10},
+    {"weight": 20, "hold": 10},
+    {"weight": 100, "hold": 0},
+]
+# Per second while each stage holds, the client sees this many requests on each path.
+RATE = 100
+FAST_AT, DEEP_AT, END = 70.0, 80.0, 120.0
+
+
+def at(seconds):
+    return datetime.datetime.fromtimestamp(T0 + seconds, datetime.timezone.utc)
+
+
+def drill_record():
+    """Stages 1, 5 and 20 % held for 10 s each from t=10, 30, 50, then paused at 20 %."""
+    record, _changed, _note = r.plan(None, "drill:gpu_nodes", SCHEDULE, None, False, at(0), ME)
+    for stage, start in enumerate((5, 25, 45)):
+        record, _changed = r.apply(record, "stage_started", {"stage": stage}, at(start), ME)
+        record, _changed = r.apply(record, "hold_started", {}, at(start + 5), ME)
+        record, _changed = r.apply(record, "stage_completed", {}, at(start + 15), ME)
+    record, _changed = r.apply(record, "pause", {"reason": "as planned"}, at(61), ME)
+    return record
+
+
+def weight_at(second):
+    for start, weight in ((50, 20), (30, 5), (10, 1)):
+        if start <= second < FAST_AT:
+            return weight
+    return 0
+
+
+def load_summary(failed_at=(), direct_after_rollback=False):
+    series = []
+    for second in range(int(END)):
+        direct = RATE * weight_at(second) // 100
+        if direct_after_rollback and second == 75:
+            direct = 3
+        bucket = {"second": second, "direct": direct, "proxy": RATE - direct}
+        if second in failed_at:
+            bucket["failed"] = 1
+        series.append(bucket)
+    last_direct = 75.5 if direct_after_rollback else FAST_AT - 0.2
+    return {
+        "started_unix": T0,
+        "requests_ok": sum(b["direct"] + b["proxy"] for b in series),
+        "requests_failed": len(failed_at),
+        "streams_completed": 42,
+        "paths": {"direct": {"requests": 1, "last_began_unix": T0 + last_direct}},
+        "failures_by_cause": {"reset": len(failed_at)} if failed_at else {},
+        "failure_examples": [],
+        "series": series,
+    }
+
+
+def rollback_report(mode, started, wall, confirmed=3):
+    return {
+        "mode": mode,
+        "started_at": at(started).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "wall_time_s": wall,
+        "nodes_total": 3,
+        "nodes_confirmed": confirmed,
+        "unreachable": [],
+        "not_confirmed": [] if confirmed == 3 else ["zl-node-03"],
+    }
+
+
+class FakePrometheus:
+    """query_range answers with the weight in force at the window's end (a test double
+    standing in for the Prometheus server, which the sandbox tests use for real)."""
+
+    def __init__(self, url, timeout=10):
+        self.queries = []
+
+    def query_range(self, promql, start, end, step):
+        self.queries.append(promql)
+        points = []
+        moment = start
+        while moment <= end:
+            points.append((moment, weight_at(int(moment - T0) - 1) / 100.0))
+            moment += step
+        return {'{job="zerolayer-router"}': points}
+
+
+def write_inputs(tmp_path, summary=None, fast_wall=1.5, deep_confirmed=3):
+    files = {
+        "summary": tmp_path / "load.json",
+        "record": tmp_path / "gpu_nodes.json",
+        "fast": tmp_path / "fast.json",
+        "deep": tmp_path / "deep.json",
+    }
+    files["summary"].write_text(json.dumps(summary or load_summary()))
+    files["record"].write_text(json.dumps(drill_record()))
+    files["fast"].write_text(json.dumps(rollback_report("fast", FAST_AT + 0.1, fast_wall)))
+    files["deep"].write_text(
+        json.dumps(rollback_report("deep", DEEP_AT + 0.1, 25.0, confirmed=deep_confirmed))
+    )
+    return {
+        "drill_id": "drill-unit",
+        "output_dir": str(tmp_path / "report"),
+        "started_at": T0,
+        "finished_at": T0 + END,
+        "load_summary": str(files["summary"]),
+        "canary_records": [str(files["record"])],
+        "rollback_reports": {"fast": str(files["fast"]), "deep": str(files["deep"])},
+        "events": {
+            "fast_rollback_started": T0 + FAST_AT,
+            "deep_rollback_started": T0 + DEEP_AT,
+            "restored": T0 + 110,
+        },
+        "stage_weight": 20.0,
+        "max_failed_requests": 0,
+        "fast_budget_s": 30.0,
+        "deep_budget_s": 300.0,
+        "split_sigmas": 4.0,
+        "split_floor_pct": 2.0,
+        "prometheus_url": "",
+        "prometheus_timeout": 5,
+        "router_selector": 'job="zerolayer-router"',
+        "plot": True,
+    }
+
+
+def checks_by_name(result):
+    return {item["name"]: item for item in result["report"]["checks"]}
+
+
+def test_a_clean_drill_passes_and_writes_json_junit_and_png(tmp_path):
+    result = drill.run(write_inputs(tmp_path), False)
+    assert result["passed"], result["failed_checks"]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [stage["weight"] for stage in report["stages"]] == [1, 5, 20]
+    assert [stage["client_direct_pct"] for stage in report["stages"]] == [1.0, 5.0, 20.0]
+    # 1.5 s of report wall time from 0.1 s after the trigger: 1.6 s, the client's last
+    # direct request was before the trigger.
+    assert report["rollbacks"]["fast"]["wall_time_s"] == pytest.approx(1.6, abs=0.01)
+    assert report["rollbacks"]["deep"]["wall_time_s"] == pytest.approx(25.1, abs=0.01)
+    suite = ET.parse(tmp_path / "report" / "report.junit.xml").getroot()  # noqa: S314 - the drill's own file
+    assert suite.get("failures") == "0"
+    assert int(suite.get("tests")) == len(report["checks"]) >= 9
+    assert suite.find("testcase/failure") is None
+    assert (tmp_path / "report" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_lost_request_fails_the_drill_and_the_junit_names_it(tmp_path):
+    result = drill.run(write_inputs(tmp_path, summary=load_summary(failed_at=(72,))), False)
+    assert not result["passed"]
+    assert checks_by_name(result)["no_request_lost"]["measured"] == 1
+    suite = ET.parse(tmp_path / "report" / "report.junit.xml").getroot()  # noqa: S314 - the drill's own file
+    cases = suite.iter("testcase")
+    failed = [case.get("name") for case in cases if case.find("failure") is not None]
+    assert failed == ["no_request_lost"]
+
+
+def test_a_direct_request_after_weight_zero_is_counted_in_the_fast_rollback(tmp_path):
+    summary = load_summary(direct_after_rollback=True)
+    result = drill.run(write_inputs(tmp_path, summary=summary), False)
+    checks = checks_by_name(result)
+    assert not checks["no_direct_path_after_fast_rollback"]["passed"]
+    # The wall time runs until the client's last direct request (t=75.5), not the report's 71.6.
+    assert checks["fast_rollback_time"]["measured"] == pytest.approx(5.5, abs=0.01)
+
+
+def test_a_rollback_over_budget_or_short_of_a_node_fails(tmp_path):
+    result = drill.run(write_inputs(tmp_path, fast_wall=31.0, deep_confirmed=2), False)
+    checks = checks_by_name(result)
+    assert not checks["fast_rollback_time"]["passed"]
+    assert not checks["deep_rollback_nodes"]["passed"]
+    assert checks["deep_rollback_nodes"]["measured"] == "2/3"
+    assert checks["no_request_lost"]["passed"]
+
+
+def test_a_split_off_its_weight_fails_that_stage(tmp_path):
+    summary = load_summary()
+    for bucket in summary["series"]:
+        if 30 <= bucket["second"] < 50:  # stage 2 (5 %) ran at 15 %
+            bucket["direct"], bucket["proxy"] = 15, 85
+    result = drill.run(write_inputs(tmp_path, summary=summary), False)
+    checks = checks_by_name(result)
+    assert not checks["split_client_stage_2"]["passed"]
+    assert checks["split_client_stage_1"]["passed"] and checks["split_client_stage_3"]["passed"]
+
+
+def test_the_router_split_comes_from_prometheus_per_stage(tmp_path):
+    params = write_inputs(tmp_path)
+    params["prometheus_url"] = "http://prometheus.invalid:9090"
+    made = []
+
+    def factory(url, timeout):
+        made.append(FakePrometheus(url, timeout))
+        return made[-1]
+
+    result = drill.run(params, False, client_factory=factory)
+    checks = checks_by_name(result)
+    assert [checks["split_router_stage_%d" % n]["measured"] for n in (1, 2, 3)] == [1, 5, 20]
+    assert all(checks["split_router_stage_%d" % n]["passed"] for n in (1, 2, 3))
+    assert 'outcome="engine",job="zerolayer-router"' in made[0].queries[0]
+
+
+def test_check_mode_writes_nothing(tmp_path):
+    result = drill.run(write_inputs(tmp_path), True)
+    assert result["files"] == {} and not result["changed"]
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda p: p["events"].pop("fast_rollback_started"), "events"),
+        (lambda p: p["events"].update(restored="soon"), "events"),
+        (lambda p: p.update(load_summary="/nonexistent/load.json"), "load_summary"),
+        (lambda p: p.update(max_failed_requests=-1), "max_failed_requests"),
+    ],
+)
+def test_bad_input_is_refused_with_the_field_named_and_nothing_written(tmp_path, change, field):
+    params = write_inputs(tmp_path)
+    change(params)
+    with pytest.raises(FleetError) as raised:
+        drill.run(params, False)
+    assert raised.value.details["field"] == field
+    assert not (tmp_path / "report").exists()
