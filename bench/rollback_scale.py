@@ -48,8 +48,6 @@ def environment():
     env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     env["PATH"] = "%s:%s" % (REPO / ".venv" / "bin", env.get("PATH", ""))
     env["CONTAINERS_CONF"] = str(REPO / "tests" / "sandbox" / "containers.conf")
-    # Only the default output: the progress callback would add its own lines.
-    env["ANSIBLE_CALLBACKS_ENABLED"] = ""
     return env
 
 
@@ -61,7 +59,8 @@ def timed(argv, env, check=True, timeout=1800):
     wall = time.monotonic() - started
     if check and result.returncode != 0:
         raise RuntimeError(
-            "%s failed (%d):\n%s" % (" ".join(argv[:3]), result.returncode, result.stdout[-4000:])
+            "%s failed (%d):\n%s\n%s"
+            % (" ".join(argv[:3]), result.returncode, result.stdout[-4000:], result.stderr[-4000:])
         )
     return wall, result
 
