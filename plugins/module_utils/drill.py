@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import write_text_atomic
 
 REPORT_FORMAT = 1
 # Share of new connections the router sent to the engines, fleet-wide, over the drill.
@@ -305,21 +306,6 @@ def _nodes_check(name, facts):
 # Outputs
 
 
-def write_atomically(path, text):
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".drill-")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
 def junit_xml(report):
     """One <testcase> per check; a failed check carries its measured and expected values."""
     failures = sum(1 for item in report["checks"] if not item["passed"])
@@ -549,8 +535,8 @@ def run(params, check_mode, client_factory=None):
             "json": os.path.join(directory, "report.json"),
             "junit": os.path.join(directory, "report.junit.xml"),
         }
-        write_atomically(files["json"], json.dumps(report, indent=2, sort_keys=True) + "\n")
-        write_atomically(files["junit"], junit_xml(report) + "\n")
+        write_text_atomic(files["json"], json.dumps(report, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(files["junit"], junit_xml(report) + "\n")
         if params["plot"]:
             files["png"] = os.path.join(directory, "report.png")
             plot_png(report, inputs["load_summary"], router_points, files["png"])
