@@ -198,6 +198,8 @@ def test_completion_says_it_is_a_simulator(engine):
     response, payload = engine.chat(max_tokens=7)
     assert response.status == 200
     assert response.getheader("X-Zerolayer-Engine") == "simulator"
+    # The instance that answered: an engine upgrade checks both paths reach the new one.
+    assert response.getheader("X-Zerolayer-Engine-Name") == "unit"
     assert response.getheader("X-Zerolayer-Path") == "direct"
     reply = json.loads(payload)
     assert reply["object"] == "chat.completion"

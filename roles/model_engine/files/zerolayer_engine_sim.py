@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ENGINE_HEADER = "X-Zerolayer-Engine"
 ENGINE_HEADER_VALUE = "simulator"
+# Which engine instance answered: an upgrade checks that both paths reach the new one.
+ENGINE_NAME_HEADER = "X-Zerolayer-Engine-Name"
 PATH_HEADER = "X-Zerolayer-Path"
 PATH_HEADER_VALUE = "direct"
 SYSTEM_FINGERPRINT = "zerolayer-engine-simulator"
@@ -631,6 +633,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header(ENGINE_HEADER, ENGINE_HEADER_VALUE)
+        self.send_header(ENGINE_NAME_HEADER, self.server.config.engine_name)
         self.send_header(PATH_HEADER, PATH_HEADER_VALUE)
         if length is not None:
             self.send_header("Content-Length", str(length))
