@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 
 import pytest
@@ -45,6 +46,12 @@ def recap(output):
                 key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(2))
             }
     return counts
+
+
+def kill_run(rollout_id):
+    """Every process of a canary run with this rollout id, workers included."""
+    subprocess.run(["pkill", "-KILL", "-f", "canary_rollout_id=%s( |$)" % rollout_id], check=False)
+    time.sleep(1)
 
 
 def record(records, rollout_id, wave):
@@ -205,10 +212,14 @@ def test_interrupted_run_resumes_with_the_remaining_hold(fleet, records, baselin
         time.sleep(5)
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+        # Ansible's workers run in sessions of their own: kill them too, or they would go on
+        # changing the fleet beside the second run (and outlive the test).
+        kill_run("resume")
 
         second = fleet.canary("resume", records, "-e", schedule)
     finally:
         client.stop()
+        kill_run("resume")
     assert second.returncode == 0, (
         first.log_path.read_text()[-3000:] + "\n--- second run ---\n" + second.stdout[-6000:]
     )
