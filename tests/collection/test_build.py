@@ -3,6 +3,7 @@
 import json
 import pathlib
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -116,3 +117,64 @@ def test_execution_environment_definition_builds_a_context(installed, tmp_path, 
     assert "ansible-core==2.19.14" in containerfile
     shipped = list((context / "_build").rglob(tarball.name))
     assert shipped, "the collection tarball is not in the build context"
+
+
+PLAYBOOKS = sorted(p.stem for p in (REPO / "playbooks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS)
+def test_installed_playbook_parses_by_its_full_name(installed, playbook, tmp_path, tool):
+    _, _, env = installed
+    result = subprocess.run(
+        [
+            tool("ansible-playbook"),
+            "-i",
+            "localhost,",
+            "--syntax-check",
+            f"zerolayer.fleet.{playbook}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_installed_rollback_runs_by_its_full_name(installed, tmp_path, tool):
+    """A real run of zerolayer.fleet.rollback from the tarball, on this machine as its only
+    node, with a routectl that always fails (/bin/false): every play runs, the report names
+    the node as not confirmed, the exit is non-zero, and nothing on the machine changes."""
+    _, _, env = installed
+    report = tmp_path / "rollback.json"
+    result = subprocess.run(
+        [
+            tool("ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "zerolayer.fleet.rollback",
+            "-e",
+            "rollback_hosts=localhost",
+            "-e",
+            "rollback_routectl=/bin/false",
+            "-e",
+            f"rollback_report_path={report}",
+            "-e",
+            f"canary_record_dir={tmp_path}",
+            "-e",
+            f"ansible_python_interpreter={sys.executable}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "Rollback incomplete" in result.stdout, result.stdout[-3000:]
+    facts = json.loads(report.read_text())
+    assert (facts["mode"], facts["nodes_total"], facts["nodes_confirmed"]) == ("fast", 1, 0)
+    assert facts["not_confirmed"] == ["localhost"]
