@@ -85,6 +85,22 @@ class Fleet:
         """Router state, routes, slots and counters, read on the node with zerolayer-routectl."""
         return json.loads(self.exec(node, "/usr/local/sbin/zerolayer-routectl", "show").stdout)
 
+    def service_headers(self, node):
+        """Response headers of an authenticated request to the node's service port, made on
+        the node itself (a new connection, so the router decides its path)."""
+        return self.exec(
+            node,
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+            "-H",
+            "Authorization: Bearer %s" % self.api_key,
+            "http://127.0.0.1:%d/v1/models" % self.route["port"],
+        ).stdout
+
     def routes(self, node):
         """{route: (weight_bp, generation)} read on the node with zerolayer-routectl."""
         return {r["name"]: (r["weight_bp"], r["generation"]) for r in self.show(node)["routes"]}

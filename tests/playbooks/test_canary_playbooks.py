@@ -286,18 +286,7 @@ def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
     )
     for node in fleet.nodes:
         assert fleet.exec(node, "test", "-e", "/sys/fs/bpf/zerolayer", check=False).returncode != 0
-        answer = fleet.exec(
-            node,
-            "curl",
-            "-sS",
-            "-o",
-            "/dev/null",
-            "-D",
-            "-",
-            "-H",
-            "Authorization: Bearer %s" % fleet.api_key,
-            "http://127.0.0.1:%d/v1/models" % fleet.route["port"],
-        ).stdout
+        answer = fleet.service_headers(node)
         assert "X-Zerolayer-Path: proxy" in answer, (node, answer)
         assert " 200 " in answer.splitlines()[0], (node, answer)
 

@@ -77,18 +77,7 @@ def upgrade(fleet, engine, to, *extra, inventories=()):
 
 def answering_engine(fleet, node):
     """Which engine answers a new connection to the node's service port (from the node)."""
-    headers = fleet.exec(
-        node,
-        "curl",
-        "-sS",
-        "-o",
-        "/dev/null",
-        "-D",
-        "-",
-        "-H",
-        "Authorization: Bearer %s" % fleet.api_key,
-        "http://127.0.0.1:%d/v1/models" % fleet.route["port"],
-    ).stdout
+    headers = fleet.service_headers(node)
     match = re.search(r"^X-Zerolayer-Engine-Name: (\S+)", headers, re.M | re.I)
     return match.group(1) if match else None
 
