@@ -111,29 +111,54 @@ static __always_inline void zl_record_latency(__u64 started_ns)
 		*count += 1;
 }
 
-/* Counts the live sockets among the route's slots. */
-static __always_inline __u32 zl_live_slots(__u32 route_index)
+/* Slots of the route that may hold a socket: 0..limit-1. */
+static __always_inline __u32 zl_slot_limit(const struct zl_route *route)
+{
+	__u32 limit = route->slot_limit;
+
+	return limit == 0 || limit > ZL_MAX_SLOTS ? ZL_MAX_SLOTS : limit;
+}
+
+/*
+ * Counts the live sockets among the route's first limit slots and keeps a
+ * reference to the first one (NULL when none is live): with one engine, the
+ * usual case, that is the answer and no second pass is needed.
+ */
+static __always_inline __u32 zl_live_slots(__u32 route_index, __u32 limit,
+					   struct bpf_sock **first)
 {
 	__u32 live = 0;
 
+	*first = NULL;
 	for (__u32 slot = 0; slot < ZL_MAX_SLOTS; slot++) {
 		__u32 key = zl_socket_key(route_index, slot);
-		struct bpf_sock *sk = bpf_map_lookup_elem(&zl_sockets, &key);
+		struct bpf_sock *sk;
 
-		if (sk) {
-			live++;
+		if (slot >= limit)
+			break;
+		sk = bpf_map_lookup_elem(&zl_sockets, &key);
+		if (!sk)
+			continue;
+		live++;
+		if (*first)
 			bpf_sk_release(sk);
-		}
+		else
+			*first = sk;
 	}
 	return live;
 }
 
-/* Returns the nth live socket of the route (a reference to release), or NULL. */
-static __always_inline struct bpf_sock *zl_nth_live_socket(__u32 route_index, __u32 nth)
+/* Returns the nth live socket among the first limit slots (a reference to release), or NULL. */
+static __always_inline struct bpf_sock *zl_nth_live_socket(__u32 route_index, __u32 limit,
+							   __u32 nth)
 {
 	for (__u32 slot = 0; slot < ZL_MAX_SLOTS; slot++) {
 		__u32 key = zl_socket_key(route_index, slot);
-		struct bpf_sock *sk = bpf_map_lookup_elem(&zl_sockets, &key);
+		struct bpf_sock *sk;
+
+		if (slot >= limit)
+			break;
+		sk = bpf_map_lookup_elem(&zl_sockets, &key);
 
 		if (!sk)
 			continue;
@@ -145,19 +170,30 @@ static __always_inline struct bpf_sock *zl_nth_live_socket(__u32 route_index, __
 	return NULL;
 }
 
+/* Times a sample of decisions only: the clock costs more than the decision. */
+static __always_inline int zl_timed(__u64 weight_hash)
+{
+	return (weight_hash >> (64 - ZL_LATENCY_SAMPLE_SHIFT)) == 0;
+}
+
 SEC("sk_lookup")
 int zerolayer_router(struct bpf_sk_lookup *ctx)
 {
-	__u64 started_ns = bpf_ktime_get_ns();
 	struct zl_counters *counters;
 	struct zl_route *route;
+	__u64 weight_hash, started_ns = 0;
 	struct bpf_sock *sk;
-	__u32 port, index, live;
+	__u32 port, index, limit, live, nth;
+	int timed;
 
 	asm volatile("r0 = %[stamp]" : : [stamp] "i"(ZL_BUILD_STAMP) : "r0");
 
 	if (ctx->protocol != IPPROTO_TCP)
 		return SK_PASS;
+	weight_hash = zl_tuple_hash(ctx, ZL_SEED_WEIGHT);
+	timed = zl_timed(weight_hash);
+	if (timed)
+		started_ns = bpf_ktime_get_ns();
 	port = ctx->local_port;
 	route = bpf_map_lookup_elem(&zl_routes, &port);
 	if (!route)
@@ -168,13 +204,18 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 	counters->lookups++;
 
-	if (zl_tuple_hash(ctx, ZL_SEED_WEIGHT) % ZL_WEIGHT_SCALE >= route->weight_bp) {
+	if (weight_hash % ZL_WEIGHT_SCALE >= route->weight_bp) {
 		counters->to_proxy_by_weight++;
 		goto out;
 	}
 
-	live = zl_live_slots(index);
-	sk = live ? zl_nth_live_socket(index, zl_tuple_hash(ctx, ZL_SEED_SLOT) % live) : NULL;
+	limit = zl_slot_limit(route);
+	live = zl_live_slots(index, limit, &sk);
+	nth = live > 1 ? zl_tuple_hash(ctx, ZL_SEED_SLOT) % live : 0;
+	if (nth) {
+		bpf_sk_release(sk);
+		sk = zl_nth_live_socket(index, limit, nth);
+	}
 	if (!sk) {
 		/* Raced with an engine going away, or none registered: the proxy takes it. */
 		counters->fallback_no_socket++;
@@ -186,7 +227,8 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 		counters->assign_errors++;
 	bpf_sk_release(sk);
 out:
-	zl_record_latency(started_ns);
+	if (timed)
+		zl_record_latency(started_ns);
 	return SK_PASS;
 }
 

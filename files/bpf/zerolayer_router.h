@@ -17,6 +17,13 @@
 #define ZL_MAX_SLOTS 8        /* engine sockets per route (e.g. one per GPU) */
 #define ZL_WEIGHT_SCALE 10000 /* weights are basis points: 10000 = 100% */
 #define ZL_LATENCY_BUCKETS 64 /* log2 buckets of decision time in ns */
+/*
+ * One decision in 2^ZL_LATENCY_SAMPLE_SHIFT is timed into zl_latency: reading the
+ * clock twice costs more than the decision itself (on the reference VM about 90 ns
+ * against 40 ns for an untimed decision at weight 100; bench/decision_cost.py).
+ * Which ones is a function of the 4-tuple: the top bits of the weight hash are 0.
+ */
+#define ZL_LATENCY_SAMPLE_SHIFT 4
 
 /* zl_routes: BPF_MAP_TYPE_HASH, key __u32 local port (host order). */
 struct zl_route {
@@ -25,7 +32,14 @@ struct zl_route {
 	__u32 weight_bp;   /* share of new connections sent to the engine, 0..10000 */
 	__u64 generation;  /* bumped by user space on every write of this entry */
 	__u32 route_index; /* selects the sockets slots and the counters of this route */
-	__u32 reserved;    /* zero */
+	/*
+	 * Sockets live only in slots below this (user space keeps it one above the
+	 * highest registered slot), so a route with one engine looks at one slot, not
+	 * ZL_MAX_SLOTS. 0: not known (or no socket), look at every slot. Too high only
+	 * costs lookups; user space raises it after inserting a socket, lowers it after
+	 * removing one.
+	 */
+	__u32 slot_limit;
 };
 
 /*
@@ -49,7 +63,8 @@ struct zl_counters {
 
 /*
  * zl_latency: BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 bucket, value __u64 count.
- * Bucket b counts decisions that took [2^b, 2^(b+1)) ns; bucket 0 also holds 0 ns.
+ * Bucket b counts timed decisions (see ZL_LATENCY_SAMPLE_SHIFT) that took
+ * [2^b, 2^(b+1)) ns; bucket 0 also holds 0 ns.
  */
 
 #endif

@@ -35,7 +35,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle i
     link_state,
     netns_inode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import require_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+    require_route,
+    sync_slot_limit,
+)
 
 FAMILIES = {"inet": socket.AF_INET, "inet6": socket.AF_INET6}
 _PROC_NET_FILES = {"inet": "tcp", "inet6": "tcp6"}
@@ -202,7 +205,8 @@ def register_engine_socket(
         info = describe_socket(engine_fd)
         check_engine_socket(info, family, want_netns)
         with writer_lock(layout):
-            before = read_slots(layout, entry.route_index).get(slot)
+            slots = read_slots(layout, entry.route_index)
+            before = slots.get(slot)
             changed = before != info["cookie"]
             if changed and not check_mode:
                 with opened_map(layout, SOCKETS_MAP) as map_fd:
@@ -210,6 +214,10 @@ def register_engine_socket(
                     bpf_syscall.map_update(
                         map_fd, socket_key(entry.route_index, slot), SOCKET_VALUE.pack(engine_fd)
                     )
+            # After the insert: until the limit covers the new slot, the program just does
+            # not use that socket yet. Also mends a limit written by an older version (0).
+            limit_changed = sync_slot_limit(layout, entry, set(slots) | {slot}, check_mode)
+            changed = changed or limit_changed
     finally:
         os.close(engine_fd)
     return {
@@ -227,14 +235,17 @@ def unregister_engine_socket(layout, route, slot=0, check_mode=False):
     slot = validate_slot(slot)
     entry = require_route(layout, route)
     with writer_lock(layout):
-        before = read_slots(layout, entry.route_index).get(slot)
+        slots = read_slots(layout, entry.route_index)
+        before = slots.get(slot)
         if before is not None and not check_mode:
             with opened_map(layout, SOCKETS_MAP) as map_fd:
                 bpf_syscall.map_delete(
                     map_fd, socket_key(entry.route_index, slot), bpf_syscall.SOCKMAP_ABSENT_ERRNOS
                 )
+        # After the delete: a limit still above the emptied slot only costs lookups.
+        limit_changed = sync_slot_limit(layout, entry, set(slots) - {slot}, check_mode)
     return {
-        "changed": before is not None,
+        "changed": before is not None or limit_changed,
         "before": before,
         "after": None,
         "cookie": None,

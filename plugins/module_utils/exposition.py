@@ -6,13 +6,14 @@ collect() reads one snapshot from the pinned objects; render() turns a snapshot
 into text and is pure, so the format is tested without a kernel. serve() is the
 zerolayer-route-exporter HTTP server: stdlib only, one snapshot per scrape.
 
-Decision-time histogram: the program counts decisions in log2 buckets of
-nanoseconds (bucket b holds [2^b, 2^(b+1)) ns). They become cumulative buckets
-with le = 2^(b+1) ns in seconds for b = 0..EXPORTED_BUCKETS-1 plus +Inf. The
-_sum is estimated from bucket midpoints (1.5 * 2^b ns, 1 ns for bucket 0): the
-kernel's run_time_ns covers every program run, also lookups on ports that are not
-routed and never reach the histogram, so it is not the sum of these
-observations. The exact kernel time is exported on its own as
+Decision-time histogram: the program times one decision in LATENCY_SAMPLE_EVERY
+(chosen by the 4-tuple) and counts those in log2 buckets of nanoseconds (bucket b
+holds [2^b, 2^(b+1)) ns); its _count is the number of timed decisions. They
+become cumulative buckets with le = 2^(b+1) ns in seconds for
+b = 0..EXPORTED_BUCKETS-1 plus +Inf. The _sum is estimated from bucket
+midpoints (1.5 * 2^b ns, 1 ns for bucket 0): the kernel's run_time_ns covers
+every program run, also the untimed ones and lookups on ports that are not
+routed, so it is not the sum of these observations. The exact kernel time is exported on its own as
 zerolayer_router_run_seconds_total.
 
 Rollout: each scrape also reads the node's copy of the canary rollout record
@@ -28,6 +29,10 @@ from __future__ import annotations
 
 import os
 import sys
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    LATENCY_SAMPLE_EVERY,
+)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_PORT = 9464
@@ -63,8 +68,9 @@ _HELP = {
     "zerolayer_route_lookups_total": "TCP lookups on the route's port",
     "zerolayer_route_decisions_total": "Routing decisions by outcome: engine, proxy_weight, "
     "fallback_no_socket or assign_error",
-    "zerolayer_route_decision_duration_seconds": "Decision time, from the program's log2 "
-    "histogram (bucket bounds 2^k ns; _sum estimated from bucket midpoints)",
+    "zerolayer_route_decision_duration_seconds": "Decision time of a sample of the "
+    "decisions (one in %d, by 4-tuple), from the program's log2 histogram (bucket bounds 2^k ns; "
+    "_sum estimated from bucket midpoints)" % LATENCY_SAMPLE_EVERY,
     "zerolayer_rollout_record_ok": "0 when the node's rollout record exists but cannot be read "
     "or understood (no other rollout series then)",
     "zerolayer_rollout_info": "The rollout in the node's record and its outcome",

@@ -16,6 +16,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     COUNTER_FIELDS,
     COUNTERS_VALUE,
     LATENCY_BUCKETS,
+    LATENCY_SAMPLE_EVERY,
     LATENCY_VALUE,
     PORT_KEY,
 )
@@ -47,7 +48,7 @@ def read_counters(layout, route_index):
 
 
 def read_latency_buckets(layout):
-    """Decision counts per log2 bucket: element b counts decisions of [2^b, 2^(b+1)) ns."""
+    """Timed decisions per log2 bucket: element b counts those of [2^b, 2^(b+1)) ns."""
     cpus = bpf_syscall.possible_cpus()
     buckets = [0] * LATENCY_BUCKETS
     with opened_map(layout, LATENCY_MAP) as fd:
@@ -81,10 +82,38 @@ def histogram_percentile(buckets, quantile):
     return bucket_upper_bound_ns(len(buckets) - 1)
 
 
+def interpolated_percentile(buckets, quantile):
+    """The quantile in ns, interpolated linearly inside its bucket; None when empty.
+
+    The same estimate Prometheus' histogram_quantile() makes from the exported
+    histogram (and so what the canary gates judge): it assumes the observations
+    spread evenly over the bucket, so it can err either way within the bucket.
+    """
+    if not 0 < quantile <= 1:
+        raise ValueError("quantile must be in (0, 1]")
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank = quantile * total
+    seen = 0
+    for bucket, count in enumerate(buckets):
+        if count and seen + count >= rank:
+            lower = 0 if bucket == 0 else 2**bucket
+            upper = bucket_upper_bound_ns(bucket)
+            return lower + (upper - lower) * (rank - seen) / count
+        seen += count
+    return float(bucket_upper_bound_ns(len(buckets) - 1))
+
+
 def latency_summary(buckets):
-    """count, p50/p99 (bucket upper bounds, ns) and the non-empty buckets as {le_ns, count}."""
+    """count, p50/p99 (bucket upper bounds, ns) and the non-empty buckets as {le_ns, count}.
+
+    The program times a sample of its decisions (one in sampled_one_in, chosen by the
+    4-tuple): count is the number of timed decisions, not of all decisions.
+    """
     return {
         "count": sum(buckets),
+        "sampled_one_in": LATENCY_SAMPLE_EVERY,
         "p50_ns": histogram_percentile(buckets, 0.50),
         "p99_ns": histogram_percentile(buckets, 0.99),
         "buckets": [

@@ -19,6 +19,9 @@ MAX_ROUTES = 64
 MAX_SLOTS = 8
 WEIGHT_SCALE = 10000
 LATENCY_BUCKETS = 64
+# One decision in 2**LATENCY_SAMPLE_SHIFT is timed into the latency histogram.
+LATENCY_SAMPLE_SHIFT = 4
+LATENCY_SAMPLE_EVERY = 1 << LATENCY_SAMPLE_SHIFT
 
 # Maps hold host-endian values; '=' is native order with standard sizes and no padding,
 # which matches the C structs because every field there is naturally aligned.
@@ -40,25 +43,46 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class Route:
-    """One entry of the route map."""
+    """One entry of the route map.
 
-    __slots__ = ("generation", "name", "port", "route_index", "weight_bp")
+    slot_limit: the route's sockets are in slots below it (0: unknown, the program
+    looks at every slot); engine_sockets keeps it one above the highest live slot.
+    """
 
-    def __init__(self, name, port, weight_bp, generation, route_index):
+    __slots__ = ("generation", "name", "port", "route_index", "slot_limit", "weight_bp")
+
+    def __init__(self, name, port, weight_bp, generation, route_index, slot_limit=0):
         self.name = name
         self.port = port
         self.weight_bp = weight_bp
         self.generation = generation
         self.route_index = route_index
+        self.slot_limit = slot_limit
 
     def __eq__(self, other):
         return isinstance(other, Route) and self.as_tuple() == other.as_tuple()
 
     def __repr__(self):
-        return "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d)" % self.as_tuple()
+        return (
+            "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d, slot_limit=%d)"
+            % self.as_tuple()
+        )
 
     def as_tuple(self):
-        return (self.name, self.port, self.weight_bp, self.generation, self.route_index)
+        return (
+            self.name,
+            self.port,
+            self.weight_bp,
+            self.generation,
+            self.route_index,
+            self.slot_limit,
+        )
+
+    def replace(self, **changes):
+        """A copy with some fields changed."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields.update(changes)
+        return Route(**fields)
 
     def as_dict(self):
         return {
@@ -68,6 +92,7 @@ class Route:
             "weight": bp_to_percent(self.weight_bp),
             "generation": self.generation,
             "route_index": self.route_index,
+            "slot_limit": self.slot_limit,
         }
 
 
@@ -78,16 +103,21 @@ def encode_route(route):
         route.weight_bp,
         route.generation,
         route.route_index,
-        0,
+        route.slot_limit,
     )
 
 
 def decode_route(raw):
-    name, port, weight_bp, generation, route_index, _reserved = ROUTE_VALUE.unpack(
+    name, port, weight_bp, generation, route_index, slot_limit = ROUTE_VALUE.unpack(
         raw[: ROUTE_VALUE.size]
     )
     return Route(
-        name.split(b"\0", 1)[0].decode("ascii", "replace"), port, weight_bp, generation, route_index
+        name.split(b"\0", 1)[0].decode("ascii", "replace"),
+        port,
+        weight_bp,
+        generation,
+        route_index,
+        slot_limit,
     )
 
 

@@ -121,7 +121,7 @@ def plan_route(routes, name, port=None, weight=None):
         )
     if weight_bp is None or weight_bp == current.weight_bp:
         return None
-    return Route(name, current.port, weight_bp, current.generation + 1, current.route_index)
+    return current.replace(weight_bp=weight_bp, generation=current.generation + 1)
 
 
 def set_route(layout, name, port=None, weight=None, check_mode=False):
@@ -140,6 +140,28 @@ def set_route(layout, name, port=None, weight=None, check_mode=False):
                 flags = bpf_syscall.BPF_NOEXIST if before is None else bpf_syscall.BPF_EXIST
                 bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(entry), flags)
         return {"changed": True, "before": before, "after": entry}
+
+
+def sync_slot_limit(layout, route, live_slots, check_mode=False):
+    """Set route's slot_limit one above its highest live slot (0 for none).
+
+    The caller holds the writer lock and has just changed the slots. Returns whether
+    the entry changed (in check mode: would change).
+    """
+    limit = max(live_slots) + 1 if live_slots else 0
+    with opened_map(layout, ROUTES_MAP) as fd:
+        raw = bpf_syscall.map_lookup(fd, encode_port(route.port), ROUTE_VALUE.size)
+        if raw is None:
+            return False
+        current = decode_route(raw)
+        if current.slot_limit == limit:
+            return False
+        if not check_mode:
+            updated = current.replace(slot_limit=limit, generation=current.generation + 1)
+            bpf_syscall.map_update(
+                fd, encode_port(updated.port), encode_route(updated), bpf_syscall.BPF_EXIST
+            )
+        return True
 
 
 def remove_route(layout, name, check_mode=False):

@@ -23,6 +23,9 @@ description:
   - A route may hold several engines (for example one per GPU), one per slot; each new connection on
     the engine
     path picks one of the live ones by a hash of its addresses and ports.
+  - After each change the route's C(slot_limit) is set one above the highest live slot (one write
+    of the route entry, which bumps its generation), so the program looks only at the slots in
+    use; a socket that closed since only costs that look.
 version_added: 0.1.0
 author:
   - Zerolayer Fleet Maintainers (@zerolayer)

@@ -92,6 +92,11 @@ routes:
     route_index:
       description: Index of the route's slots and counters.
       type: int
+    slot_limit:
+      description: The program looks for engine sockets only in slots below this; kept one
+        above the highest registered slot by M(zerolayer.fleet.engine_socket). 0 means not
+        known, every slot is looked at.
+      type: int
     slots:
       description: Socket cookie of each live registered engine socket, by slot number (as a
         string).
@@ -107,17 +112,20 @@ routes:
       weight_bp: 500
       generation: 3
       route_index: 0
+      slot_limit: 1
       slots: {"0": 16451}
       counters: {lookups: 2000, to_engine: 97, to_proxy_by_weight: 1903, fallback_no_socket: 0,
         assign_errors: 0}
 latency:
   description: Decision time of routed lookups - count, p50_ns, p99_ns and the non-empty log2
-    buckets; null when the
-    maps are not pinned.
+    buckets; null when the maps are not pinned. The program times one decision in
+    sampled_one_in (chosen by the connection's 4-tuple, so the sample is unbiased), because
+    reading the clock costs more than the decision itself; count is the number of timed
+    decisions.
   returned: always
   type: dict
-  sample: {count: 2000, p50_ns: 512, p99_ns: 2048, buckets: [{le_ns: 512, count: 1500}, {le_ns:
-    1024, count: 480}]}
+  sample: {count: 125, sampled_one_in: 16, p50_ns: 256, p99_ns: 1024, buckets: [{le_ns: 256,
+    count: 100}, {le_ns: 512, count: 24}, {le_ns: 1024, count: 1}]}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -42,7 +42,7 @@ def test_every_case_and_mode_has_a_row_with_requests(quick_report):
     rows = quick_report["report"]["summary"]["rows"]
     assert {(row["case"], row["mode"]) for row in rows} == {
         (case, mode) for case in "abc" for mode in ("keepalive", "close")
-    }
+    } | {("e", "close")}
     for row in rows:
         assert row["rounds"] == 1, row
         assert row["requests"] > 0, row
@@ -61,14 +61,30 @@ def test_ratios_decision_times_and_targets_are_reported(quick_report):
         assert decision["mean_ns"] > 0, decision
         assert decision["histogram_count"] > 0, decision
         assert decision["p50_ns"] <= decision["p99_ns"], decision
+        assert decision["p99_ns"] / 2 <= decision["p99_interpolated_ns"] <= decision["p99_ns"]
+    floor = summary["decision"]["e"]
+    assert floor["run_cnt"] > 0 and floor["mean_ns"] > 0, floor
+    assert summary["above_floor_ns"]["b"] == summary["decision"]["b"]["mean_ns"] - floor["mean_ns"]
     assert [target["name"] for target in summary["targets"]] == [
         "(b)/(a) req/s, keepalive",
         "(b)/(a) req/s, close",
         "(b)/(c) req/s, keepalive",
         "mean decision time (b)",
-        "p99 decision time (b)",
+        "p99 decision time (b), interpolated in its bucket as histogram_quantile() does",
     ]
     assert all(isinstance(target["passed"], bool) for target in summary["targets"])
+
+
+def test_test_runs_cover_both_weights_timed_and_not_and_the_floor(quick_report):
+    rows = quick_report["report"]["test_runs"]["rows"]
+    assert [(row["program"], row["decision"]) for row in rows] == [
+        ("router, weight 100", "not timed"),
+        ("router, weight 100", "timed"),
+        ("router, weight 0", "not timed"),
+        ("router, weight 0", "timed"),
+        ("only returns SK_PASS", "-"),
+    ]
+    assert all(row["ns_per_run"] > 0 for row in rows), rows
 
 
 def test_weight_100_routes_to_the_engine_and_weight_0_to_the_proxy(quick_report):
@@ -95,9 +111,10 @@ def test_markdown_table_is_printed_and_written(quick_report):
         if lines and lines[0].startswith("| "):
             tables[lines[0].split("|")[1].strip()] = lines[2:]  # rows under the header
     assert {name: len(rows) for name, rows in tables.items()} == {
-        "Case": 6,
+        "Case": 7,
         "Ratio of req/s": 4,
-        "Route decision": 2,
+        "Route decision": 3,
+        "Program": 5,
         "Target": 5,
     }
 

@@ -112,18 +112,27 @@ class Netns:
         self.processes.append(proc)
         return proc
 
-    def start_nginx(self, port, identity):
-        """Real nginx on 127.0.0.1:port answering every request with its identity."""
+    def start_nginx(self, port, identity, listen=("127.0.0.1",)):
+        """Real nginx answering every request with its identity.
+
+        listen: the nginx listen addresses, each with port appended, e.g. "127.0.0.1",
+        "[::1]" or "[::]" with " ipv6only=off" after it for one dual-stack socket.
+        """
         prefix = os.path.join(self.workdir, "nginx-%s-%d" % (identity, port))
         os.makedirs(prefix, exist_ok=True)
         conf = os.path.join(prefix, "nginx.conf")
+        listen_lines = "\n".join(
+            "        listen %s:%d %s;" % (host, port, options)
+            for host, _space, options in (address.partition(" ") for address in listen)
+        )
         with open(conf, "w") as handle:
-            handle.write(NGINX_CONF.format(prefix=prefix, port=port, identity=identity))
+            handle.write(NGINX_CONF.format(prefix=prefix, listen=listen_lines, identity=identity))
         proc = self.popen(
             ["nginx", "-p", prefix, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+        family = "inet6" if listen[0].startswith("[") else "inet"
         deadline = time.monotonic() + 20
-        while not listening_inodes(proc.pid, port, "inet"):
+        while not listening_inodes(proc.pid, port, family):
             if proc.poll() is not None:
                 raise RuntimeError("nginx %s exited: %s" % (identity, proc.stderr.read().decode()))
             if time.monotonic() > deadline:
@@ -155,9 +164,9 @@ class Netns:
             except (ProcessLookupError, ChildProcessError):
                 pass
 
-    def clients(self, port=SERVICE_PORT, count=0, source_ports=()):
+    def clients(self, port=SERVICE_PORT, count=0, source_ports=(), host="127.0.0.1"):
         """Run http_client.py in the netns and return its JSON report."""
-        argv = [sys.executable, CLIENT, str(port), "--count", str(count)]
+        argv = [sys.executable, CLIENT, str(port), "--count", str(count), "--host", host]
         for source_port in source_ports:
             argv += ["--source-port", str(source_port)]
         return json.loads(self.run(argv, timeout=300).stdout)
@@ -198,7 +207,7 @@ http {{
     scgi_temp_path {prefix}/scgi;
     keepalive_timeout 0;
     server {{
-        listen 127.0.0.1:{port};
+{listen}
         location / {{
             default_type text/plain;
             add_header X-Served-By {identity};

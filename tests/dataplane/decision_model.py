@@ -1,7 +1,7 @@
 """The router's decision, written again in Python to check the program against.
 
 Mirrors zl_tuple_hash and the slot choice in files/bpf/zerolayer_router.bpf.c
-for IPv4; the values are read from struct bpf_sk_lookup exactly as the program
+for IPv4 and IPv6; the values are read from struct bpf_sk_lookup exactly as the program
 reads them (addresses and remote port in network order, local port host order).
 """
 
@@ -12,6 +12,7 @@ MASK = (1 << 64) - 1
 SEED_WEIGHT = 0x9E3779B97F4A7C15
 SEED_SLOT = 0xC2B2AE3D27D4EB4F
 AF_INET = 2
+AF_INET6 = 10
 IPPROTO_TCP = 6
 IPPROTO_UDP = 17
 
@@ -33,14 +34,31 @@ def port_field(port):
     return struct.unpack("=H", struct.pack("!H", port))[0]
 
 
+def ip6_words(address):
+    """The two 64-bit words the program builds from remote_ip6/local_ip6 (u32[4] each)."""
+    a, b, c, d = struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, address))
+    return (a << 32 | b), (c << 32 | d)
+
+
 def tuple_hash(remote_ip, remote_port, local_ip, local_port, seed):
-    h = mix(seed ^ ip4_field(remote_ip))
-    h = mix(h ^ ip4_field(local_ip))
+    """zl_tuple_hash: addresses with a ':' are IPv6, as the program's ctx->family tells it."""
+    h = seed
+    if ":" in remote_ip:
+        for word in (*ip6_words(remote_ip), *ip6_words(local_ip)):
+            h = mix(h ^ word)
+    else:
+        h = mix(h ^ ip4_field(remote_ip))
+        h = mix(h ^ ip4_field(local_ip))
     return mix(h ^ ((port_field(remote_port) << 16 | local_port) & MASK))
 
 
 def takes_engine_path(tuple4, weight_bp):
     return tuple_hash(*tuple4, SEED_WEIGHT) % 10000 < weight_bp
+
+
+def is_timed(tuple4, sample_shift):
+    """Whether the program times this connection's decision (zl_timed)."""
+    return tuple_hash(*tuple4, SEED_WEIGHT) >> (64 - sample_shift) == 0
 
 
 def chosen_slot(tuple4, live_slots):
@@ -49,11 +67,16 @@ def chosen_slot(tuple4, live_slots):
 
 
 def sk_lookup_ctx(remote_ip, remote_port, local_ip, local_port, protocol=IPPROTO_TCP):
-    """A struct bpf_sk_lookup (72 bytes) for BPF_PROG_TEST_RUN."""
+    """A struct bpf_sk_lookup (72 bytes) for BPF_PROG_TEST_RUN; IPv6 when the address has ':'."""
     ctx = bytearray(72)
-    struct.pack_into("=II", ctx, 8, AF_INET, protocol)
-    struct.pack_into("=I", ctx, 16, ip4_field(remote_ip))
+    if ":" in remote_ip:
+        struct.pack_into("=II", ctx, 8, AF_INET6, protocol)
+        ctx[20:36] = socket.inet_pton(socket.AF_INET6, remote_ip)
+        ctx[44:60] = socket.inet_pton(socket.AF_INET6, local_ip)
+    else:
+        struct.pack_into("=II", ctx, 8, AF_INET, protocol)
+        struct.pack_into("=I", ctx, 16, ip4_field(remote_ip))
+        struct.pack_into("=I", ctx, 40, ip4_field(local_ip))
     struct.pack_into("!H", ctx, 36, remote_port)
-    struct.pack_into("=I", ctx, 40, ip4_field(local_ip))
     struct.pack_into("=I", ctx, 60, local_port)
     return bytes(ctx)

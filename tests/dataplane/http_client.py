@@ -8,6 +8,8 @@ is left on either side, so ports can be reused at once and never run out.
     http_client.py PORT --count N --source-port P [--source-port Q ...]
                                                    N connections from each fixed source port
     http_client.py PORT --until-file F             connect until file F exists
+    --host H                                       server (and source) address, default
+                                                   127.0.0.1; ::1 for IPv6
 Prints one JSON object: {"served": {body: count}, "errors": n, "error_samples": [...],
 "by_source_port": {port: [body, ...]}}.
 """
@@ -22,15 +24,16 @@ import sys
 REQUEST = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
 
 
-def fetch(port, source_port=None):
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def fetch(host, port, source_port=None):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.settimeout(10)
         if source_port is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(("127.0.0.1", source_port))
-        sock.connect(("127.0.0.1", port))
+            sock.bind((host, source_port))
+        sock.connect((host, port))
         sock.sendall(REQUEST)
         chunks = []
         while True:
@@ -53,6 +56,7 @@ def main():
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--source-port", type=int, action="append", default=[])
     parser.add_argument("--until-file")
+    parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
 
     served, errors, samples, by_source = {}, 0, [], {}
@@ -60,7 +64,7 @@ def main():
     def one(source_port=None):
         nonlocal errors
         try:
-            body = fetch(args.port, source_port)
+            body = fetch(args.host, args.port, source_port)
         except (OSError, RuntimeError) as exc:
             errors += 1
             if len(samples) < 5:

@@ -11,6 +11,7 @@ import struct
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    read_slots,
     register_engine_socket,
     unregister_engine_socket,
 )
@@ -20,20 +21,25 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_latency_buckets,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    ROUTES_MAP,
     SOCKETS_MAP,
     ensure_pin_dirs,
     opened,
     opened_map,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    LATENCY_SAMPLE_SHIFT,
     SOCKET_VALUE,
+    encode_port,
+    encode_route,
     socket_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 
 from .decision_model import (
     IPPROTO_UDP,
     chosen_slot,
+    is_timed,
     sk_lookup_ctx,
     takes_engine_path,
     tuple_hash,
@@ -43,6 +49,8 @@ SK_PASS = 1
 PORT = 8080
 CLIENT = "10.1.2.3"
 SERVER = "10.0.0.1"
+CLIENT6 = "fd00:2::1:2:3"
+SERVER6 = "fd00::1"
 
 
 @pytest.fixture
@@ -58,9 +66,11 @@ def listeners():
     """Listening TCP sockets of this process (no SO_REUSEPORT: test runs refuse those)."""
     socks = []
 
-    def make():
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
+    def make(address="127.0.0.1", v6only=True):
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        if ":" in address:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+        sock.bind((address, 0))
         sock.listen()
         socks.append(sock)
         return sock
@@ -74,11 +84,11 @@ def cookie_of(sock):
     return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, 57, 8))[0]
 
 
-def decide(layout, remote_port, protocol=6, local_port=PORT):
+def decide(layout, remote_port, protocol=6, local_port=PORT, client=CLIENT, server=SERVER):
     """Run the program on one connection; return the selected socket's cookie (0: none)."""
     with opened(layout.prog) as prog_fd:
         retval, ctx_out, _ = bpf_syscall.prog_test_run(
-            prog_fd, sk_lookup_ctx(CLIENT, remote_port, SERVER, local_port, protocol)
+            prog_fd, sk_lookup_ctx(client, remote_port, server, local_port, protocol)
         )
     assert retval == SK_PASS  # the program never drops
     return struct.unpack_from("=Q", ctx_out, 0)[0]
@@ -113,7 +123,14 @@ def test_weight_0_never_and_10000_always_takes_the_engine(loaded, listeners):
         "fallback_no_socket": 0,
         "assign_errors": 0,
     }
-    assert sum(read_latency_buckets(loaded)) == 400
+    # Only the sample of decisions the 4-tuple picks is timed, each connection once per run.
+    timed = [
+        port
+        for port in range(40000, 40200)
+        if is_timed((CLIENT, port, SERVER, PORT), LATENCY_SAMPLE_SHIFT)
+    ]
+    assert timed, "no tuple of the sample range is timed; widen the range"
+    assert sum(read_latency_buckets(loaded)) == 2 * len(timed)
 
 
 def test_decision_matches_the_hash_model_at_the_weight_edge(loaded, listeners):
@@ -143,6 +160,35 @@ def test_decisions_follow_the_model_and_are_deterministic(loaded, listeners):
     assert 0 < first.count(0) < len(first)  # both paths occur
 
 
+def test_ipv6_decisions_follow_the_model(loaded, listeners):
+    engine = listeners("::1")
+    set_route(loaded, "svc", port=PORT, weight=37.5)
+    register(loaded, engine)
+    ports = range(30000, 30400)
+    chosen = [decide(loaded, port, client=CLIENT6, server=SERVER6) for port in ports]
+    expected = [
+        cookie_of(engine) if takes_engine_path((CLIENT6, port, SERVER6, PORT), 3750) else 0
+        for port in ports
+    ]
+    assert chosen == expected
+    assert 0 < chosen.count(0) < len(chosen)
+    # The address words are all hashed: another client prefix gives other decisions.
+    other = [decide(loaded, port, client="fd00:1::9", server=SERVER6) for port in ports]
+    assert other != chosen
+
+
+def test_only_a_dual_stack_socket_takes_ipv4_connections(loaded, listeners):
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, listeners("::1"))  # IPV6_V6ONLY: the kernel refuses it for IPv4
+    assert decide(loaded, 40000) == 0
+    assert read_counters(loaded, 0)["assign_errors"] == 1
+    dual_stack = listeners("::", v6only=False)
+    register(loaded, dual_stack)
+    assert decide(loaded, 40000) == cookie_of(dual_stack)
+    assert decide(loaded, 40000, client=CLIENT6, server=SERVER6) == cookie_of(dual_stack)
+    assert read_counters(loaded, 0)["to_engine"] == 2
+
+
 def test_empty_slots_are_skipped_and_live_ones_chosen_by_hash(loaded, listeners):
     engines = {3: listeners(), 6: listeners()}
     set_route(loaded, "svc", port=PORT, weight=100)
@@ -158,6 +204,55 @@ def test_empty_slots_are_skipped_and_live_ones_chosen_by_hash(loaded, listeners)
 
     unregister_engine_socket(loaded, "svc", slot=3)
     assert {decide(loaded, port) for port in ports} == {cookie_of(engines[6])}
+
+
+def route_entry(layout):
+    (route,) = read_routes(layout)
+    return route
+
+
+def test_slot_limit_follows_the_highest_live_slot(loaded, listeners):
+    set_route(loaded, "svc", port=PORT, weight=100)
+    assert route_entry(loaded).slot_limit == 0
+    engines = {3: listeners(), 6: listeners()}
+    for slot, sock in engines.items():
+        register(loaded, sock, slot=slot)
+    assert route_entry(loaded).slot_limit == 7
+    generation = route_entry(loaded).generation
+    register(loaded, engines[3], slot=3)  # already there: no write
+    assert route_entry(loaded).generation == generation
+    unregister_engine_socket(loaded, "svc", slot=6)
+    assert route_entry(loaded).slot_limit == 4
+    assert route_entry(loaded).generation == generation + 1
+    unregister_engine_socket(loaded, "svc", slot=3)
+    assert route_entry(loaded).slot_limit == 0
+
+
+def test_the_program_looks_only_below_the_slot_limit(loaded, listeners):
+    low, high = listeners(), listeners()
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, low, slot=0)
+    # A socket put straight into slot 5, the limit left at 1: the program does not see it.
+    with opened_map(loaded, SOCKETS_MAP) as map_fd:
+        bpf_syscall.map_update(map_fd, socket_key(0, 5), SOCKET_VALUE.pack(high.fileno()))
+    ports = range(20000, 20100)
+    assert {decide(loaded, port) for port in ports} == {cookie_of(low)}
+    # Limit 0 (an entry written before the limit existed): every slot is looked at.
+    with opened_map(loaded, ROUTES_MAP) as map_fd:
+        entry = route_entry(loaded).replace(slot_limit=0)
+        bpf_syscall.map_update(map_fd, encode_port(PORT), encode_route(entry))
+    assert {decide(loaded, port) for port in ports} == {cookie_of(low), cookie_of(high)}
+
+
+def test_check_mode_registration_writes_nothing(loaded, listeners):
+    set_route(loaded, "svc", port=PORT, weight=100)
+    before = route_entry(loaded)
+    result = register_engine_socket(
+        loaded, "svc", os.getpid(), listeners().getsockname()[1], timeout=5, check_mode=True
+    )
+    assert result["changed"] is True
+    assert route_entry(loaded) == before
+    assert read_slots(loaded, 0) == {}
 
 
 def test_no_live_socket_falls_back_and_is_counted(loaded, listeners):

@@ -13,12 +13,13 @@ PROBE = r"""
 #include "zerolayer_router.h"
 int main(void)
 {
-    printf("%zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct zl_route),
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct zl_route),
            offsetof(struct zl_route, port), offsetof(struct zl_route, weight_bp),
            offsetof(struct zl_route, generation), offsetof(struct zl_route, route_index),
+           offsetof(struct zl_route, slot_limit),
            sizeof(struct zl_counters), offsetof(struct zl_counters, assign_errors));
-    printf("%d %d %d %d %d %u\n", ZL_ROUTE_NAME_LEN, ZL_MAX_ROUTES, ZL_MAX_SLOTS,
-           ZL_WEIGHT_SCALE, ZL_LATENCY_BUCKETS, zl_socket_key(5, 3));
+    printf("%d %d %d %d %d %u %d\n", ZL_ROUTE_NAME_LEN, ZL_MAX_ROUTES, ZL_MAX_SLOTS,
+           ZL_WEIGHT_SCALE, ZL_LATENCY_BUCKETS, zl_socket_key(5, 3), ZL_LATENCY_SAMPLE_SHIFT);
     return 0;
 }
 """
@@ -32,7 +33,16 @@ def test_header_layout_matches_the_codec(tmp_path):
     sizes, constants = subprocess.run(
         [binary], check=True, capture_output=True, text=True
     ).stdout.split("\n")[:2]
-    assert [int(n) for n in sizes.split()] == [route_codec.ROUTE_VALUE.size, 32, 36, 40, 48, 40, 32]
+    assert [int(n) for n in sizes.split()] == [
+        route_codec.ROUTE_VALUE.size,
+        32,
+        36,
+        40,
+        48,
+        52,
+        40,
+        32,
+    ]
     assert route_codec.COUNTERS_VALUE.size == 40
     assert [int(n) for n in constants.split()] == [
         route_codec.ROUTE_NAME_LEN,
@@ -41,5 +51,6 @@ def test_header_layout_matches_the_codec(tmp_path):
         route_codec.WEIGHT_SCALE,
         route_codec.LATENCY_BUCKETS,
         int.from_bytes(route_codec.socket_key(5, 3), "little"),
+        route_codec.LATENCY_SAMPLE_SHIFT,
     ]
     assert os.path.basename(BPF_DIR) == "bpf"

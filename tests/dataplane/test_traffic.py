@@ -1,6 +1,7 @@
 """Real connections in a fresh netns: nginx proxy on the service port, nginx engine on its own.
 
-Clients connect from inside the netns to 127.0.0.1:8080; the body says who answered.
+Clients connect from inside the netns to 127.0.0.1:8080 (or [::1]:8080); the body says
+who answered.
 """
 
 import os
@@ -17,6 +18,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import rea
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 
 from .conftest import ENGINE_PORT, SERVICE_PORT, four_sigma_bounds
+from .decision_model import takes_engine_path
 
 CONNECTIONS = 2500
 
@@ -57,6 +59,43 @@ def test_the_same_four_tuple_always_takes_the_same_path(routed, netns):
     paths = {port: set(bodies) for port, bodies in report["by_source_port"].items()}
     assert all(len(seen) == 1 for seen in paths.values()), paths
     assert {seen.pop() for seen in paths.values()} == {"proxy", "engine"}
+
+
+def test_ipv6_connections_follow_the_weight_and_ipv4_ones_cannot_reach_a_v6_only_engine(
+    layout, netns, router_object
+):
+    netns.start_nginx(SERVICE_PORT, "proxy", listen=("[::1]", "127.0.0.1"))
+    engine6 = netns.start_nginx(ENGINE_PORT, "engine", listen=("[::1]",))
+    router_lifecycle.attach(layout, router_object, netns.path)
+    set_route(layout, "svc", port=SERVICE_PORT, weight=20)
+    register_engine_socket(layout, "svc", engine6.pid, ENGINE_PORT, family="inet6", timeout=10)
+
+    report = netns.clients(count=CONNECTIONS, host="::1")
+    assert report["errors"] == 0, report["error_samples"]
+    low, high = four_sigma_bounds(CONNECTIONS, 0.2)
+    print("IPv6 at 20%%: %s" % report["served"])
+    assert low <= report["served"].get("engine", 0) <= high, report["served"]
+
+    set_route(layout, "svc", weight=50)
+    source_ports = list(range(46000, 46016))
+    by_port = netns.clients(count=3, source_ports=source_ports, host="::1")["by_source_port"]
+    expected = {
+        str(port): [
+            "engine" if takes_engine_path(("::1", port, "::1", SERVICE_PORT), 5000) else "proxy"
+        ]
+        * 3
+        for port in source_ports
+    }
+    assert by_port == expected
+
+    # An IPv6-only engine socket cannot take an IPv4 connection: the kernel refuses the
+    # assignment and the proxy serves it, no error for the client.
+    set_route(layout, "svc", weight=100)
+    assert netns.clients(count=200, host="::1")["served"] == {"engine": 200}
+    before = read_counters(layout, 0)
+    report = netns.clients(count=200)
+    assert report["errors"] == 0 and report["served"] == {"proxy": 200}, report
+    assert read_counters(layout, 0)["assign_errors"] - before["assign_errors"] == 200
 
 
 def test_engines_in_several_slots_share_the_engine_path(routed, netns):
@@ -101,7 +140,7 @@ def test_upgrade_under_load_drops_nothing_and_keeps_routes(routed, netns, upgrad
     set_route(routed, "svc", weight=20)
     set_route(routed, "svc", weight=50)
     routes = read_routes(routed)
-    assert routes[0].generation == 3
+    assert routes[0].generation == 4  # created, slot limit set by the engine, two weights
     old_tag = router_lifecycle.router_state(routed)["program"]["tag"]
     stop = netns.background_clients()
     try:

@@ -3,6 +3,7 @@
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     histogram_percentile,
+    interpolated_percentile,
     latency_summary,
     sum_counters,
 )
@@ -20,6 +21,7 @@ def test_empty_histogram_has_no_percentiles():
     assert histogram_percentile([0] * LATENCY_BUCKETS, 0.5) is None
     assert latency_summary([0] * LATENCY_BUCKETS) == {
         "count": 0,
+        "sampled_one_in": 16,
         "p50_ns": None,
         "p99_ns": None,
         "buckets": [],
@@ -57,3 +59,13 @@ def test_counters_are_summed_over_cpus():
         "fallback_no_socket": 1,
         "assign_errors": 1,
     }
+
+
+def test_interpolated_percentile_spreads_counts_over_the_bucket():
+    # 98 decisions in [256, 512) ns, 2 in [512, 1024): p99 is half-way into the second.
+    buckets = buckets_with(b8=98, b9=2)
+    assert interpolated_percentile(buckets, 0.99) == 768
+    assert interpolated_percentile(buckets, 0.49) == 384
+    assert interpolated_percentile([0] * LATENCY_BUCKETS, 0.5) is None
+    # Bucket 0 covers [0, 2) ns.
+    assert interpolated_percentile(buckets_with(b0=4), 0.5) == 1

@@ -22,7 +22,7 @@ def test_route_value_is_56_bytes_like_struct_zl_route():
 
 
 def test_route_round_trips_through_bytes():
-    route = Route("chat-v2.gpu_0", 8080, 1234, 2**40 + 3, 63)
+    route = Route("chat-v2.gpu_0", 8080, 1234, 2**40 + 3, 63, slot_limit=8)
     raw = encode_route(route)
     assert len(raw) == 56
     assert decode_route(raw) == route
@@ -35,7 +35,14 @@ def test_route_fields_sit_at_the_c_offsets():
     assert int.from_bytes(raw[36:40], "little") == 500
     assert int.from_bytes(raw[40:48], "little") == 7
     assert int.from_bytes(raw[48:52], "little") == 5
-    assert raw[52:56] == b"\0" * 4
+    assert raw[52:56] == b"\0" * 4  # slot_limit 0: not known
+    assert int.from_bytes(encode_route(Route("ab", 1, 0, 1, 0, slot_limit=3))[52:56], "little") == 3
+
+
+def test_replace_changes_only_the_named_fields():
+    route = Route("chat", 8080, 500, 4, 2, slot_limit=1)
+    assert route.replace(weight_bp=0, generation=5) == Route("chat", 8080, 0, 5, 2, slot_limit=1)
+    assert route == Route("chat", 8080, 500, 4, 2, slot_limit=1)
 
 
 def test_socket_keys_group_slots_by_route():
