@@ -80,8 +80,20 @@ MODES = {
     "close": "connection per request (Connection: close)",
 }
 TARGETS = (
-    ("(b)/(a) req/s, keepalive", ">= 0.97", lambda s: s["ratios"]["b/a keepalive"], 0.97, "ge"),
-    ("(b)/(a) req/s, close", ">= 0.97", lambda s: s["ratios"]["b/a close"], 0.97, "ge"),
+    (
+        "(b)/(a) req/s, keepalive, side by side",
+        ">= 0.97",
+        lambda s: s["side_by_side"]["keepalive"]["median"],
+        0.97,
+        "ge",
+    ),
+    (
+        "(b)/(a) req/s, close, side by side",
+        ">= 0.97",
+        lambda s: s["side_by_side"]["close"]["median"],
+        0.97,
+        "ge",
+    ),
     ("(b)/(c) req/s, keepalive", ">= 2.5", lambda s: s["ratios"]["b/c keepalive"], 2.5, "ge"),
     ("mean decision time (b)", "<= 200 ns", lambda s: s["decision"]["b"]["mean_ns"], 200, "le"),
     (
@@ -195,8 +207,8 @@ def snapshot_delta(before, after):
     return delta
 
 
-def run_wrk(target, mode, duration, args):
-    """One wrk run in the case's netns; returns wrk's summary with req/s added."""
+def start_wrk(target, mode, duration, args):
+    """Start one wrk run in the case's netns; finish_wrk() waits for it."""
     port = CASES[target["key"]]["port"]
     wrk = [
         "wrk",
@@ -214,13 +226,59 @@ def run_wrk(target, mode, duration, args):
     ]
     env = dict(os.environ, ZL_BENCH_CONNECTION="close" if mode == "close" else "keep-alive")
     cpus = CLIENT_CPUS if args.pin else None
-    done = lab.run(target["netns"].argv(wrk, cpus), env=env, timeout=duration + 60)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if not lines:
-        raise RuntimeError("wrk printed no summary:\n%s\n%s" % (done.stdout, done.stderr))
+    proc = subprocess.Popen(
+        target["netns"].argv(wrk, cpus),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, duration
+
+
+def finish_wrk(started):
+    """wrk's summary of a started run, with req/s added."""
+    proc, duration = started
+    try:
+        stdout, stderr = proc.communicate(timeout=duration + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError("wrk printed no summary:\n%s\n%s" % (stdout, stderr))
     result = json.loads(lines[-1][len(RESULT_MARK) :])
     result["rps"] = result["requests"] / (result["duration_us"] / 1e6)
     return result
+
+
+def run_wrk(target, mode, duration, args):
+    """One wrk run in the case's netns; returns wrk's summary with req/s added."""
+    return finish_wrk(start_wrk(target, mode, duration, args))
+
+
+def run_side_by_side(targets, args, progress):
+    """(a) and (b) at the same time, per round and mode: whatever slows the machine during
+    a run slows both, so their ratio does not drift with it."""
+    by_key = {target["key"]: target for target in targets}
+    pairs = []
+    for round_number in range(1, args.rounds + 1):
+        for mode in MODES:
+            started = {key: start_wrk(by_key[key], mode, args.duration, args) for key in "ab"}
+            results = {key: finish_wrk(run) for key, run in started.items()}
+            pair = {
+                "round": round_number,
+                "mode": mode,
+                "rps": {key: result["rps"] for key, result in results.items()},
+                "errors": {key: sum(result["errors"].values()) for key, result in results.items()},
+            }
+            progress(
+                "side by side %d %-9s (a) %9.0f  (b) %9.0f req/s"
+                % (round_number, mode, pair["rps"]["a"], pair["rps"]["b"])
+            )
+            pairs.append(pair)
+    return pairs
 
 
 def measure(target, mode, round_number, args):
@@ -329,7 +387,22 @@ def decision_summary(runs, key):
     }
 
 
-def summarise(runs):
+def side_by_side_summary(pairs):
+    """Per mode: the (b)/(a) ratio of each concurrent pair, its median and range."""
+    summary = {}
+    for mode in MODES:
+        ratios = [pair["rps"]["b"] / pair["rps"]["a"] for pair in pairs if pair["mode"] == mode]
+        summary[mode] = {
+            "ratios": ratios,
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+            "errors": sum(sum(pair["errors"].values()) for pair in pairs if pair["mode"] == mode),
+        }
+    return summary
+
+
+def summarise(runs, pairs):
     rows = {
         (key, mode): case_row(runs, key, mode)
         for mode in MODES
@@ -347,6 +420,7 @@ def summarise(runs):
         "ratios": {name: value["paired_median"] for name, value in ratios.items()},
         "ratio_ranges": ratios,
         "decision": {key: decision_summary(runs, key) for key in ("b", "c", "e")},
+        "side_by_side": side_by_side_summary(pairs),
     }
     floor = summary["decision"]["e"]["mean_ns"]
     summary["above_floor_ns"] = {
@@ -515,6 +589,29 @@ def decision_table(summary):
     return lines
 
 
+def side_by_side_table(summary):
+    lines = [
+        "Side by side: (a) and (b) run at the same time, each with the wrk settings above "
+        "(sharing CPU 0 for wrk and CPU 1 for nginx), once per round and mode.",
+        "",
+        table_row(["(b)/(a) req/s", "Median", "Min-max", "Per round", "errors"]),
+        table_row(["---", "---:", "---:", "---", "---:"]),
+    ]
+    for mode, value in summary["side_by_side"].items():
+        lines.append(
+            table_row(
+                [
+                    mode,
+                    "%.3f" % value["median"],
+                    "%.3f-%.3f" % (value["min"], value["max"]),
+                    " ".join("%.3f" % ratio for ratio in value["ratios"]),
+                    value["errors"],
+                ]
+            )
+        )
+    return lines
+
+
 def floor_note(summary):
     above = summary["above_floor_ns"]
     if above["b"] is None:
@@ -562,6 +659,7 @@ def markdown(report):
         describe_settings(report),
         case_table(summary),
         ratio_table(summary),
+        side_by_side_table(summary),
         decision_table(summary),
         floor_note(summary),
         test_run_table(report["test_runs"]),
@@ -634,13 +732,14 @@ def bench(args, progress):
         progress("netns %s; bpffs %s" % (", ".join(report["lab"]["netns"]), bpffs))
         with RunTimeStats():
             report["runs"] = run_rounds(targets, args, progress)
+            report["side_by_side"] = run_side_by_side(targets, args, progress)
         routed = next(target for target in targets if target["key"] == "b")
         floor = next(target for target in targets if target["floor_pin"])
         report["test_runs"] = decision_cost.test_run_costs(
             routed["layout"], ROUTE, lab.SERVICE_PORT, floor["floor_pin"]
         )
     report["host"]["loadavg_after"] = lab.loadavg()
-    report["summary"] = summarise(report["runs"])
+    report["summary"] = summarise(report["runs"], report["side_by_side"])
     report["markdown"] = markdown(report)
     return report, started.strftime("%Y%m%dT%H%M%SZ")
 

@@ -66,13 +66,25 @@ def test_ratios_decision_times_and_targets_are_reported(quick_report):
     assert floor["run_cnt"] > 0 and floor["mean_ns"] > 0, floor
     assert summary["above_floor_ns"]["b"] == summary["decision"]["b"]["mean_ns"] - floor["mean_ns"]
     assert [target["name"] for target in summary["targets"]] == [
-        "(b)/(a) req/s, keepalive",
-        "(b)/(a) req/s, close",
+        "(b)/(a) req/s, keepalive, side by side",
+        "(b)/(a) req/s, close, side by side",
         "(b)/(c) req/s, keepalive",
         "mean decision time (b)",
         "p99 decision time (b), interpolated in its bucket as histogram_quantile() does",
     ]
     assert all(isinstance(target["passed"], bool) for target in summary["targets"])
+
+
+def test_side_by_side_pairs_a_and_b_in_every_round_and_mode(quick_report):
+    pairs = quick_report["report"]["side_by_side"]
+    assert {(pair["round"], pair["mode"]) for pair in pairs} == {(1, "keepalive"), (1, "close")}
+    for pair in pairs:
+        assert pair["rps"]["a"] > 0 and pair["rps"]["b"] > 0, pair
+        assert pair["errors"] == {"a": 0, "b": 0}, pair
+    summary = quick_report["report"]["summary"]["side_by_side"]
+    for mode in ("keepalive", "close"):
+        (pair,) = [pair for pair in pairs if pair["mode"] == mode]
+        assert summary[mode]["median"] == pair["rps"]["b"] / pair["rps"]["a"]
 
 
 def test_test_runs_cover_both_weights_timed_and_not_and_the_floor(quick_report):
@@ -113,6 +125,7 @@ def test_markdown_table_is_printed_and_written(quick_report):
     assert {name: len(rows) for name, rows in tables.items()} == {
         "Case": 7,
         "Ratio of req/s": 4,
+        "(b)/(a) req/s": 2,
         "Route decision": 3,
         "Program": 5,
         "Target": 5,
