@@ -142,6 +142,22 @@ class Fleet:
                 json.dumps(settings),
             )
 
+    def engine_upgrade(self, engine, to, *extra, inventories=(), report=None):
+        """Run playbooks/engine_upgrade.yml from engine to the entry `to`."""
+        argv = [
+            "-e",
+            "engine_upgrade_engine=%s" % engine,
+            "-e",
+            json.dumps({"engine_upgrade_to": to}),
+            "-e",
+            "canary_prometheus_url=%s" % self.prometheus_url,
+        ]
+        if report is not None:
+            argv += ["-e", "engine_upgrade_report_path=%s" % report]
+        return self.playbook(
+            "engine_upgrade.yml", *argv, *extra, inventories=inventories, timeout=1200
+        )
+
     def playbook(self, name, *extra, inventories=(), timeout=900, background=False):
         argv = ["ansible-playbook", "-i", INVENTORY]
         for inventory in inventories:

@@ -60,21 +60,6 @@ def chat_b_inventory(tmp_path_factory):
     return hosts
 
 
-def upgrade(fleet, engine, to, *extra, inventories=()):
-    return fleet.playbook(
-        "engine_upgrade.yml",
-        "-e",
-        "engine_upgrade_engine=%s" % engine,
-        "-e",
-        json.dumps({"engine_upgrade_to": to}),
-        "-e",
-        "canary_prometheus_url=%s" % fleet.prometheus_url,
-        *extra,
-        inventories=inventories,
-        timeout=1200,
-    )
-
-
 def answering_engine(fleet, node):
     """Which engine answers a new connection to the node's service port (from the node)."""
     headers = fleet.service_headers(node)
@@ -116,8 +101,7 @@ def test_upgrade_under_load_loses_no_request_and_converges(fleet, weight_50, loa
     quiet = baseline.stop()
     client = load("upgrade")
     try:
-        run = upgrade(
-            fleet,
+        run = fleet.engine_upgrade(
             "chat",
             {"name": "chat_b", "listen_port": 8102},
             "-e",
@@ -152,8 +136,7 @@ def test_upgrade_under_load_loses_no_request_and_converges(fleet, weight_50, loa
     )
 
     again_path = tmp_path / "again.json"
-    again = upgrade(
-        fleet,
+    again = fleet.engine_upgrade(
         "chat",
         {"name": "chat_b", "listen_port": 8102},
         "-e",
@@ -173,8 +156,7 @@ def test_a_new_engine_that_never_answers_is_stopped_and_nothing_is_swapped(
     before = {node: slot_cookie(fleet, node) for node in fleet.nodes}
     client = load("never-ready")
     try:
-        run = upgrade(
-            fleet,
+        run = fleet.engine_upgrade(
             "chat_b",
             # Every completion fails: the engine listens but is never ready.
             {"name": "chat_c", "listen_port": 8103, "simulator": {"error_rate": 1.0}},
@@ -199,8 +181,7 @@ def test_a_failing_gate_swaps_back_to_the_old_engine(fleet, weight_50, load, cha
     before = {node: slot_cookie(fleet, node) for node in fleet.nodes}
     client = load("swap-back")
     try:
-        run = upgrade(
-            fleet,
+        run = fleet.engine_upgrade(
             "chat_b",
             {"name": "chat_c", "listen_port": 8103},
             "-e",
@@ -229,8 +210,8 @@ def test_a_failing_gate_swaps_back_to_the_old_engine(fleet, weight_50, load, cha
 def test_upgrade_back_to_the_inventory_engine(fleet, weight_50, load, chat_b_inventory):
     client = load("upgrade-back")
     try:
-        run = upgrade(
-            fleet, "chat_b", {"name": "chat", "listen_port": 8101}, inventories=[chat_b_inventory]
+        run = fleet.engine_upgrade(
+            "chat_b", {"name": "chat", "listen_port": 8101}, inventories=[chat_b_inventory]
         )
         assert run.returncode == 0, run.stdout[-8000:]
     finally:

@@ -1,8 +1,10 @@
 """Verify the model_engine role on a sandbox node, against real systemd, cgroups and sockets.
 
-chat_sim is the CPU engine simulator (a test double for a GPU engine) and runs for real.
-llama_vllm and embed_triton need a GPU: their units are rendered and loaded by systemd
-(state: present) and checked as systemd parsed them, never started.
+chat_sim is the CPU engine simulator (a test double for a GPU engine) and runs for real,
+joined to its CUDA MPS instance zerolayer-mps@chat_sim, whose control daemon is the cuda_mps
+scenario's TEST DOUBLE of nvidia-cuda-mps-control. llama_vllm, embed_triton and plain_vllm
+need a GPU: their units are rendered and loaded by systemd (state: present) and checked as
+systemd parsed them, never started.
 The router's registration command is a recording TEST DOUBLE (see ../doubles).
 """
 
@@ -20,6 +22,7 @@ SECRETS = "/etc/zerolayer/engine-secrets"
 REGISTER_LOG = "/run/zerolayer-register-engine-double.log"
 UNAUTHORIZED = '{"error":"Unauthorized"}'
 RESTART_DEADLINE_S = 120
+MPS_DIR = "/var/lib/zerolayer/mps"
 
 
 def unit_properties(host, unit, *names):
@@ -128,6 +131,18 @@ def test_simulator_unit_runs_in_its_slice(host):
     assert props["Type"] == "notify"
     assert props["UnitFileState"] == "enabled"
     assert "simulator" in props["Description"]
+
+
+def test_unit_hardening_and_limits_take_effect(host):
+    """systemd must parse what the templates write: a setting glued to the previous line
+    is dropped with only a warning in the journal."""
+    for engine in ("chat_sim", "llama_vllm", "plain_vllm"):
+        props = unit_properties(
+            host, "zerolayer-engine-%s.service" % engine, "LimitNOFILE", "NoNewPrivileges"
+        )
+        assert props == {"LimitNOFILE": "16384", "NoNewPrivileges": "yes"}, (engine, props)
+    triton = unit_properties(host, "zerolayer-engine-embed_triton.service", "LimitNOFILE")
+    assert triton["LimitNOFILE"] == "16384"
 
 
 def cgroup_layout(host):
@@ -315,14 +330,11 @@ def test_vllm_unit_maps_the_spec_to_flags(host):
     assert props["User"] == "zerolayer-engine"
     assert props["TimeoutStartUSec"] == "30min"
     environment = props["Environment"].split()
-    for pair in (
-        "CUDA_VISIBLE_DEVICES=0",
-        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
-        "CUDA_MPS_LOG_DIRECTORY=/var/log/nvidia-mps",
-        "VLLM_NO_USAGE_STATS=1",
-    ):
-        assert pair in environment
+    assert "VLLM_NO_USAGE_STATS=1" in environment
+    # The GPU and the MPS pipe come from the instance's file, not from Environment=.
+    assert not [pair for pair in environment if pair.startswith("CUDA_")], environment
     assert "/etc/zerolayer/engines/llama_vllm/engine.env" in props["EnvironmentFiles"]
+    assert "/etc/zerolayer/mps/llama_vllm.env" in props["EnvironmentFiles"]
     argv = exec_start(host, unit)
     assert (
         "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm serve "
@@ -334,6 +346,7 @@ def test_vllm_unit_maps_the_spec_to_flags(host):
         "--max-model-len 8192",
         "--quantization fp8",
         "--host 0.0.0.0",
+        "--gpu-memory-utilization 0.85",
         "--disable-fastapi-docs",
     ):
         assert flag in argv, flag
@@ -375,9 +388,104 @@ def test_triton_unit_runs_the_container_with_the_gpu(host):
         "nvcr.io/nvidia/tritonserver:25.01-trtllm-python-py3",
         "--http-port=8301",
         "--http-restricted-api=${ZEROLAYER_TRITON_RESTRICTED_API}",
-        "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia-mps",
+        # Its MPS instance: the pipe and log directories, and the variables to reach them.
+        "--volume {0}/pipe:{0}/pipe".format(MPS_DIR + "/embed_triton"),
+        "--volume {0}/log:{0}/log".format(MPS_DIR + "/embed_triton"),
+        "--env-file /etc/zerolayer/mps/embed_triton.env",
     ):
         assert part in argv, part
+    deps = unit_properties(host, unit, "Requires", "After")
+    assert "zerolayer-mps@embed_triton.service" in deps["Requires"].split()
+    assert "zerolayer-mps@embed_triton.service" in deps["After"].split()
     assert KEY not in argv
     io_weight = unit_properties(host, "zerolayer-engine-embed_triton.slice", "IOWeight")
     assert io_weight["IOWeight"] == "50"
+
+
+def test_vllm_outside_mps_names_its_gpu(host):
+    unit = "zerolayer-engine-plain_vllm.service"
+    props = unit_properties(host, unit, "Environment", "EnvironmentFiles", "Requires")
+    assert "CUDA_VISIBLE_DEVICES=3" in props["Environment"].split()
+    assert "/etc/zerolayer/mps/" not in props["EnvironmentFiles"]
+    assert "zerolayer-mps@" not in props["Requires"]
+    assert "--gpu-memory-utilization 0.9 " in exec_start(host, unit)
+
+
+def test_vllm_joins_its_mps_instance(host):
+    props = unit_properties(
+        host, "zerolayer-engine-llama_vllm.service", "Requires", "After", "EnvironmentFiles"
+    )
+    assert "zerolayer-mps@llama_vllm.service" in props["Requires"].split()
+    assert "zerolayer-mps@llama_vllm.service" in props["After"].split()
+    # The instance's file comes after the engine's own: it has the last word on CUDA_*.
+    files = [line.split()[0] for line in props["EnvironmentFiles"].splitlines()]
+    assert files == [
+        "/etc/zerolayer/engines/llama_vllm/engine.env",
+        "/etc/zerolayer/mps/llama_vllm.env",
+    ]
+
+
+# Executables that cannot exist on these nodes: vLLM's venv is never installed here, and
+# podman-in-podman is not; systemd-analyze names them and must find nothing else.
+ABSENT_EXECUTABLES = (
+    "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm",
+    "/opt/zerolayer/engines/plain_vllm/venv/bin/vllm",
+    "/usr/bin/podman",
+)
+
+
+@pytest.mark.parametrize("engine", ["chat_sim", "llama_vllm", "embed_triton", "plain_vllm"])
+def test_engine_unit_passes_systemd_analyze_verify(host, engine):
+    unit = "/etc/systemd/system/zerolayer-engine-%s.service" % engine
+    result = host.run("systemd-analyze verify %s", unit)
+    complaints = [
+        line
+        for line in (result.stdout + result.stderr).splitlines()
+        if line.strip()
+        and not any("Command %s is not executable" % path in line for path in ABSENT_EXECUTABLES)
+    ]
+    assert complaints == [], complaints
+    if engine == "chat_sim":
+        assert result.rc == 0, result.stderr
+
+
+def sim_environment(host):
+    main_pid = unit_properties(host, SIM + ".service", "MainPID")["MainPID"]
+    with host.sudo():
+        raw = host.run("cat /proc/%s/environ", main_pid).stdout
+    return dict(pair.split("=", 1) for pair in raw.split("\0") if "=" in pair)
+
+
+def test_simulator_runs_inside_its_mps_instance(host):
+    props = unit_properties(host, SIM + ".service", "Requires", "After", "EnvironmentFiles")
+    assert "zerolayer-mps@chat_sim.service" in props["Requires"].split()
+    assert "zerolayer-mps@chat_sim.service" in props["After"].split()
+    assert "/etc/zerolayer/mps/chat_sim.env" in props["EnvironmentFiles"]
+    daemon = unit_properties(host, "zerolayer-mps@chat_sim.service", "ActiveState")
+    assert daemon["ActiveState"] == "active"
+    environment = sim_environment(host)
+    assert environment["CUDA_MPS_PIPE_DIRECTORY"] == "/var/lib/zerolayer/mps/chat_sim/pipe"
+    assert environment["CUDA_MPS_LOG_DIRECTORY"] == "/var/lib/zerolayer/mps/chat_sim/log"
+    # The MPS server numbers its one GPU 0: the engine names device 0, not GPU 2.
+    assert environment["CUDA_VISIBLE_DEVICES"] == "0"
+    assert host.file("/var/lib/zerolayer/mps/chat_sim/pipe/control").is_pipe
+
+
+def test_engine_start_brings_up_its_mps_instance_first(host):
+    """Stopping the instance stops its engine (Requires=); starting the engine starts the
+    instance again, and only once the daemon runs does the engine start (After=)."""
+    mps = "zerolayer-mps@chat_sim.service"
+    assert host.run("systemctl stop %s", mps).rc == 0
+    assert unit_properties(host, SIM + ".service", "ActiveState")["ActiveState"] == "inactive"
+    assert not host.file("/var/lib/zerolayer/mps/chat_sim/pipe/control").exists
+    started = host.run("systemctl start %s.service", SIM)
+    assert started.rc == 0, started.stderr
+    daemon = unit_properties(host, mps, "ActiveState", "ActiveEnterTimestampMonotonic")
+    engine = unit_properties(
+        host, SIM + ".service", "ActiveState", "InactiveExitTimestampMonotonic"
+    )
+    assert (daemon["ActiveState"], engine["ActiveState"]) == ("active", "active")
+    assert int(daemon["ActiveEnterTimestampMonotonic"]) <= int(
+        engine["InactiveExitTimestampMonotonic"]
+    )
+    assert chat(host)[0] == 200
