@@ -205,8 +205,10 @@ def own_instance(name, gpu):
 
 
 def props(fleet, node, unit, *names):
+    """The unit's properties; systemctl show leaves empty ones out, which come back as ""."""
     result = fleet.exec(node, "systemctl", "show", "--property=" + ",".join(names), unit)
-    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    shown = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return {name: shown.get(name, "") for name in names}
 
 
 def state(fleet, node, unit):
