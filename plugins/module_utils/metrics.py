@@ -62,33 +62,8 @@ def bucket_upper_bound_ns(bucket):
     return 2 ** (bucket + 1)
 
 
-def histogram_percentile(buckets, quantile):
-    """Upper bound in ns of the bucket holding the quantile (0 < q <= 1); None when empty.
-
-    A log2 histogram cannot say more than "at most this": the bound errs high by
-    less than a factor of two, never low.
-    """
-    if not 0 < quantile <= 1:
-        raise ValueError("quantile must be in (0, 1]")
-    total = sum(buckets)
-    if total == 0:
-        return None
-    rank = quantile * total
-    seen = 0
-    for bucket, count in enumerate(buckets):
-        seen += count
-        if count and seen >= rank:
-            return bucket_upper_bound_ns(bucket)
-    return bucket_upper_bound_ns(len(buckets) - 1)
-
-
-def interpolated_percentile(buckets, quantile):
-    """The quantile in ns, interpolated linearly inside its bucket; None when empty.
-
-    The same estimate Prometheus' histogram_quantile() makes from the exported
-    histogram (and so what the canary gates judge): it assumes the observations
-    spread evenly over the bucket, so it can err either way within the bucket.
-    """
+def _quantile_position(buckets, quantile):
+    """(bucket, rank inside it, its count) of the quantile (0 < q <= 1); None when empty."""
     if not 0 < quantile <= 1:
         raise ValueError("quantile must be in (0, 1]")
     total = sum(buckets)
@@ -98,11 +73,35 @@ def interpolated_percentile(buckets, quantile):
     seen = 0
     for bucket, count in enumerate(buckets):
         if count and seen + count >= rank:
-            lower = 0 if bucket == 0 else 2**bucket
-            upper = bucket_upper_bound_ns(bucket)
-            return lower + (upper - lower) * (rank - seen) / count
+            return bucket, rank - seen, count
         seen += count
-    return float(bucket_upper_bound_ns(len(buckets) - 1))
+    return len(buckets) - 1, 1.0, 1
+
+
+def histogram_percentile(buckets, quantile):
+    """Upper bound in ns of the bucket holding the quantile (0 < q <= 1); None when empty.
+
+    A log2 histogram cannot say more than "at most this": the bound errs high by
+    less than a factor of two, never low.
+    """
+    position = _quantile_position(buckets, quantile)
+    return None if position is None else bucket_upper_bound_ns(position[0])
+
+
+def interpolated_percentile(buckets, quantile):
+    """The quantile in ns, interpolated linearly inside its bucket; None when empty.
+
+    The same estimate Prometheus' histogram_quantile() makes from the exported
+    histogram (and so what the canary gates judge): it assumes the observations
+    spread evenly over the bucket, so it can err either way within the bucket.
+    """
+    position = _quantile_position(buckets, quantile)
+    if position is None:
+        return None
+    bucket, rank_inside, count = position
+    lower = 0 if bucket == 0 else 2**bucket
+    upper = bucket_upper_bound_ns(bucket)
+    return lower + (upper - lower) * rank_inside / count
 
 
 def latency_summary(buckets):
