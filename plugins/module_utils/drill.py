@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ET
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import write_text_atomic
+from ansible_collections.zerolayer.fleet.plugins.module_utils.traffic_split import split_verdict
 
 REPORT_FORMAT = 1
 # Share of new connections the router sent to the engines, fleet-wide, over the drill.
@@ -106,16 +107,6 @@ def client_counts(summary, start, end):
     return counts
 
 
-def split_check(measured_share, weight_percent, samples, sigmas, floor_pct):
-    """Whether a measured share is within `sigmas` binomial deviations of the weight."""
-    expected = weight_percent / 100.0
-    if samples <= 0 or measured_share is None:
-        return False, None
-    deviation = math.sqrt(expected * (1 - expected) / samples)
-    tolerance = max(sigmas * deviation, floor_pct / 100.0)
-    return abs(measured_share - expected) <= tolerance, round(tolerance * 100, 3)
-
-
 # Checks
 
 
@@ -131,8 +122,15 @@ def check(name, passed, measured, expected, detail=""):
 
 def rollback_facts(report, trigger_at, finished_key):
     """Wall time from the drill's trigger to the rollback report's end, and its nodes."""
-    started = parse_timestamp(report["started_at"], "started_at").timestamp()
-    finished = started + float(report["wall_time_s"])
+    # started_at (ISO) stops at the second: the end rebuilt from it would come up to a
+    # second early and a direct request just before the real end would look late.
+    try:
+        finished = float(report["finished_at_unix"])
+    except (KeyError, TypeError, ValueError):
+        raise FleetError(
+            "rollback report: finished_at_unix must be the Unix time at which every node had "
+            "answered (written by rollback_report.yml); got %r" % report.get("finished_at_unix")
+        ) from None
     return {
         "triggered_at": trigger_at,
         finished_key: finished,
@@ -179,24 +177,33 @@ def build_report(inputs, router_split=None):
                 continue
             counts = client_counts(summary, window["hold_from"], window["hold_to"])
             answered = counts["direct"] + counts["proxy"]
-            share = counts["direct"] / answered if answered else None
-            ok, tolerance = split_check(
-                share, window["weight"], answered, limits["split_sigmas"], limits["split_floor_pct"]
+            # One connection per request: the client's count is binomial like the router's.
+            verdict = split_verdict(
+                counts["direct"],
+                answered,
+                window["weight"],
+                limits["split_sigmas"],
+                limits["split_floor_pct"],
+            )
+            agreeing = "%s%% (%s-%s%%)" % (
+                window["weight"],
+                verdict["low_pct"],
+                verdict["high_pct"],
             )
             stage = dict(window)
             stage.update(
                 {
                     "client_requests": answered,
-                    "client_direct_pct": None if share is None else round(share * 100, 3),
-                    "tolerance_pct": tolerance,
+                    "client_direct_pct": verdict["measured_pct"],
+                    "agreeing_range_pct": [verdict["low_pct"], verdict["high_pct"]],
                 }
             )
             checks.append(
                 check(
                     "split_client_stage_%d" % (window["stage"] + 1),
-                    ok,
+                    verdict["ok"],
                     stage["client_direct_pct"],
-                    "%s%% +/- %s" % (window["weight"], tolerance),
+                    agreeing,
                     "%d requests answered during the hold" % answered,
                 )
             )
@@ -204,8 +211,12 @@ def build_report(inputs, router_split=None):
                 try:
                     router = router_split(window["hold_from"], window["hold_to"])
                     stage["router_engine_pct"] = None if router is None else round(router * 100, 3)
-                    router_ok = router is not None and abs(router * 100 - window["weight"]) <= (
-                        tolerance or 0
+                    # The router's share comes from rates, not a count: it is held to the
+                    # range the client's count allows.
+                    router_ok = (
+                        router is not None
+                        and verdict["low_pct"] is not None
+                        and verdict["low_pct"] <= router * 100 <= verdict["high_pct"]
                     )
                     detail = "share of new connections the router sent to the engines"
                 except FleetError as error:
@@ -216,7 +227,7 @@ def build_report(inputs, router_split=None):
                         "split_router_stage_%d" % (window["stage"] + 1),
                         router_ok,
                         stage["router_engine_pct"],
-                        "%s%% +/- %s" % (window["weight"], tolerance),
+                        agreeing,
                         detail,
                     )
                 )

@@ -12,9 +12,10 @@ description:
     the fast and the deep rollback reports) and the drill's own event times, asks Prometheus
     for the router's counters over each stage, and decides whether the drill passed.
   - 'Checks: no request lost, streaming requests completed, the split measured by the client
-    and by the router within tolerance of each stage''s weight, the fast rollback''s wall time
-    from trigger until every node confirmed weight 0 and the client saw no new direct-path
-    connection, the deep rollback''s wall time, every node confirmed in both.'
+    and by the router inside the binomial range of each stage''s weight, the fast
+    rollback''s wall time from trigger until every node confirmed weight 0 and the client
+    saw no new direct-path connection, the deep rollback''s wall time, every node confirmed
+    in both.'
   - Writes C(report.json), C(report.junit.xml) (one test case per check) and C(report.png) (weight
     written, split seen by the client and by the router, error rate, rollback moments) under
     O(output_dir). The module does not fail when a check fails; the playbook decides with
@@ -82,11 +83,13 @@ options:
     type: float
     default: 300
   split_sigmas:
-    description: Binomial standard deviations a stage's measured split may be off its weight.
+    description:
+      - How far a stage's measured split may be off its weight, in normal standard deviations.
+      - The range itself is binomial (see the C(zerolayer.fleet.split_verdict) filter).
     type: float
     default: 4
   split_floor_pct:
-    description: Tolerance in percentage points below which the split check never goes.
+    description: The least half-width of the agreeing range, in percentage points.
     type: float
     default: 2
   prometheus_url:

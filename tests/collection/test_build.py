@@ -78,6 +78,21 @@ def test_module_documentation_renders(installed, module, tmp_path, tool):
     assert doc["options"], f"{module} documents no options"
 
 
+def test_split_filter_documentation_renders(installed, tmp_path, tool):
+    _, _, env = installed
+    result = subprocess.run(
+        [tool("ansible-doc"), "-t", "filter", "--json", "zerolayer.fleet.split_verdict"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)["zerolayer.fleet.split_verdict"]["doc"]
+    assert set(doc["options"]) >= {"_input", "connections", "weight_pct", "sigmas", "floor_pct"}
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_role_argument_specs_render(installed, role, tmp_path, tool):
     _, _, env = installed

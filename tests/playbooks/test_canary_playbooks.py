@@ -249,6 +249,9 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     assert report["mode"] == "fast"
     assert report["nodes_confirmed"] == report["nodes_total"] == len(fleet.nodes)
     assert report["wall_time_s"] > 0
+    assert report["finished_at_unix"] - report["started_at_unix"] == pytest.approx(
+        report["wall_time_s"], abs=0.002
+    )
     assert report["budget_s"] == 30
     print(
         "fast rollback: report wall_time_s=%s, ansible-playbook wall %.2f s"

@@ -49,7 +49,7 @@ def weight_at(second):
     return 0
 
 
-def load_summary(failed_at=(), direct_after_rollback=False):
+def load_summary(failed_at=(), direct_after_rollback=False, last_direct=None):
     series = []
     for second in range(int(END)):
         direct = RATE * weight_at(second) // 100
@@ -59,7 +59,8 @@ def load_summary(failed_at=(), direct_after_rollback=False):
         if second in failed_at:
             bucket["failed"] = 1
         series.append(bucket)
-    last_direct = 75.5 if direct_after_rollback else FAST_AT - 0.2
+    if last_direct is None:
+        last_direct = 75.5 if direct_after_rollback else FAST_AT - 0.2
     return {
         "started_unix": T0,
         "requests_ok": sum(b["direct"] + b["proxy"] for b in series),
@@ -73,9 +74,12 @@ def load_summary(failed_at=(), direct_after_rollback=False):
 
 
 def rollback_report(mode, started, wall, confirmed=3):
+    # As rollback_report.yml writes it: the ISO time to the second, the Unix times exact.
     return {
         "mode": mode,
-        "started_at": at(started).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "started_at": at(started).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "started_at_unix": round(T0 + started, 3),
+        "finished_at_unix": round(T0 + started + wall, 3),
         "wall_time_s": wall,
         "nodes_total": 3,
         "nodes_confirmed": confirmed,
@@ -101,7 +105,7 @@ class FakePrometheus:
         return {'{job="zerolayer-router"}': points}
 
 
-def write_inputs(tmp_path, summary=None, fast_wall=1.5, deep_confirmed=3):
+def write_inputs(tmp_path, summary=None, fast_wall=1.5, deep_confirmed=3, fast_at=FAST_AT + 0.1):
     files = {
         "summary": tmp_path / "load.json",
         "record": tmp_path / "gpu_nodes.json",
@@ -110,7 +114,7 @@ def write_inputs(tmp_path, summary=None, fast_wall=1.5, deep_confirmed=3):
     }
     files["summary"].write_text(json.dumps(summary or load_summary()))
     files["record"].write_text(json.dumps(drill_record()))
-    files["fast"].write_text(json.dumps(rollback_report("fast", FAST_AT + 0.1, fast_wall)))
+    files["fast"].write_text(json.dumps(rollback_report("fast", fast_at, fast_wall)))
     files["deep"].write_text(
         json.dumps(rollback_report("deep", DEEP_AT + 0.1, 25.0, confirmed=deep_confirmed))
     )
@@ -178,6 +182,26 @@ def test_a_direct_request_after_weight_zero_is_counted_in_the_fast_rollback(tmp_
     assert not checks["no_direct_path_after_fast_rollback"]["passed"]
     # The wall time runs until the client's last direct request (t=75.5), not the report's 71.6.
     assert checks["fast_rollback_time"]["measured"] == pytest.approx(5.5, abs=0.01)
+
+
+def test_the_rollback_end_keeps_the_fraction_of_a_second_its_iso_time_drops(tmp_path):
+    # Triggered at 70.0, started at 70.9 (ISO 70), every node confirmed at 72.4; the last
+    # direct request began at 72.3: before the real end, after one rebuilt from the ISO time.
+    summary = load_summary(last_direct=72.3)
+    result = drill.run(write_inputs(tmp_path, summary=summary, fast_at=FAST_AT + 0.9), False)
+    checks = checks_by_name(result)
+    assert checks["no_direct_path_after_fast_rollback"]["passed"], checks
+    assert checks["fast_rollback_time"]["measured"] == pytest.approx(2.4, abs=0.01)
+
+
+def test_a_rollback_report_without_its_end_time_is_refused(tmp_path):
+    inputs = write_inputs(tmp_path)
+    fast = json.loads(open(inputs["rollback_reports"]["fast"]).read())
+    del fast["finished_at_unix"]
+    with open(inputs["rollback_reports"]["fast"], "w") as handle:
+        json.dump(fast, handle)
+    with pytest.raises(FleetError, match="finished_at_unix"):
+        drill.run(inputs, False)
 
 
 def test_a_rollback_over_budget_or_short_of_a_node_fails(tmp_path):
