@@ -61,9 +61,7 @@ def count_bounds(connections, weight_pct, sigmas):
     leaving out at most tail_share(sigmas) of the binomial distribution on each side."""
     n = int(connections)
     p = float(weight_pct) / 100.0
-    if n <= 0:
-        return 0, 0
-    if p <= 0.0:
+    if n <= 0 or p <= 0.0:
         return 0, 0
     if p >= 1.0:
         return n, n

@@ -61,51 +61,36 @@ def test_tarball_holds_no_venv_cache_or_test_output(installed):
     assert "MANIFEST.json" in names
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_module_documentation_renders(installed, module, tmp_path, tool):
+def ansible_doc(installed, tool, cwd, plugin_type, name):
+    """`ansible-doc --json` of one plugin or role of the installed collection."""
     _, _, env = installed
     result = subprocess.run(
-        [tool("ansible-doc"), "--json", f"zerolayer.fleet.{module}"],
+        [tool("ansible-doc"), "-t", plugin_type, "--json", f"zerolayer.fleet.{name}"],
         capture_output=True,
         text=True,
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)[f"zerolayer.fleet.{module}"]["doc"]
+    return json.loads(result.stdout)[f"zerolayer.fleet.{name}"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_documentation_renders(installed, module, tmp_path, tool):
+    doc = ansible_doc(installed, tool, tmp_path, "module", module)["doc"]
     assert doc["short_description"]
     assert doc["options"], f"{module} documents no options"
 
 
 def test_split_filter_documentation_renders(installed, tmp_path, tool):
-    _, _, env = installed
-    result = subprocess.run(
-        [tool("ansible-doc"), "-t", "filter", "--json", "zerolayer.fleet.split_verdict"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)["zerolayer.fleet.split_verdict"]["doc"]
+    doc = ansible_doc(installed, tool, tmp_path, "filter", "split_verdict")["doc"]
     assert set(doc["options"]) >= {"_input", "connections", "weight_pct", "sigmas", "floor_pct"}
 
 
 @pytest.mark.parametrize("role", ROLES)
 def test_role_argument_specs_render(installed, role, tmp_path, tool):
-    _, _, env = installed
-    result = subprocess.run(
-        [tool("ansible-doc"), "-t", "role", "--json", f"zerolayer.fleet.{role}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    entry = json.loads(result.stdout)[f"zerolayer.fleet.{role}"]
+    entry = ansible_doc(installed, tool, tmp_path, "role", role)
     assert entry["entry_points"]["main"]["options"], f"{role} documents no options"
 
 
