@@ -28,9 +28,10 @@ for unit in \
   ln -sf /dev/null "/etc/systemd/system/$unit"
 done
 
-# A node starts with nothing listening: legacy_proxy and prometheus_server enable their
-# own services.
-for unit in nginx.service prometheus.service; do
+# A node starts with nothing listening: legacy_proxy, prometheus_server and rollout_store
+# enable their own services (Debian's etcd-server enables etcd.service on install, which
+# would run a stray single-node etcd on every GPU node).
+for unit in nginx.service prometheus.service etcd.service; do
   systemctl disable "$unit" >/dev/null 2>&1 || true
 done
 
