@@ -79,15 +79,23 @@ def bpffs():
 @pytest.fixture
 def layout(bpffs):
     """A fresh pin dir for one test; everything under it is detached and unpinned afterwards."""
-    pins = PinLayout(os.path.join(bpffs, "zlt-" + uuid.uuid4().hex[:8]))
+    # The node's fence file of this router too, so no test touches the machine's own.
+    fence_dir = tempfile.mkdtemp(prefix="zlt-fence-")
+    pins = PinLayout(
+        os.path.join(bpffs, "zlt-" + uuid.uuid4().hex[:8]),
+        fence_file=os.path.join(fence_dir, "fence.json"),
+    )
     try:
         yield pins
     finally:
-        if os.path.isdir(pins.pin_dir):
-            try:
-                router_lifecycle.remove(pins)
-            finally:
-                shutil.rmtree(pins.pin_dir, ignore_errors=True)
+        try:
+            if os.path.isdir(pins.pin_dir):
+                try:
+                    router_lifecycle.remove(pins)
+                finally:
+                    shutil.rmtree(pins.pin_dir, ignore_errors=True)
+        finally:
+            shutil.rmtree(fence_dir, ignore_errors=True)
 
 
 class Netns:
