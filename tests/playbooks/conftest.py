@@ -4,6 +4,10 @@ run on one worker, in file order), always torn down.
 `scripts/sandbox up N` starts the nodes, `playbooks/site.yml` provisions them, and every
 test drives `ansible-playbook` against them from this checkout. The fixture's finalizer
 runs `scripts/sandbox down` whatever happened, and stops any load client still running.
+
+Processes are ended only when this code started them: a playbook run is ended with every
+process descended from it (Ansible's workers leave its process group, so a signal to the
+group would miss them), found through their parent pids, never by matching command lines.
 """
 
 from __future__ import annotations
@@ -37,6 +41,62 @@ def podman(env, *argv, check=True):
     )
 
 
+def children_by_parent():
+    """{ppid: [pid, ...]} of the live processes on the machine."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants(pid):
+    """Pids of every live process below pid."""
+    children = children_by_parent()
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_quietly(pid, signum):
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def kill_tree(process):
+    """SIGKILL a process this code started and everything descended from it.
+
+    The tree is frozen first (SIGSTOP, repeated until no new descendant appears), so no
+    process forks or is re-parented between finding it and killing it.
+    """
+    if process.poll() is not None and not descendants(process.pid):
+        return
+    frozen = {process.pid}
+    signal_quietly(process.pid, signal.SIGSTOP)
+    while True:
+        found = set(descendants(process.pid)) - frozen
+        if not found:
+            break
+        for pid in found:
+            signal_quietly(pid, signal.SIGSTOP)
+        frozen |= found
+    for pid in frozen:
+        signal_quietly(pid, signal.SIGKILL)
+    process.wait(timeout=60)
+
+
 class Fleet:
     """The provisioned sandbox fleet and the commands the tests need on it."""
 
@@ -68,6 +128,8 @@ class Fleet:
         self.key_file = workdir / "api-key"
         self.key_file.write_text(self.api_key + "\n")
         self.key_file.chmod(0o600)
+        # Playbook runs started with background=True, ended by the test or at its end.
+        self.background = []
 
     def address(self, node):
         return podman(
@@ -178,9 +240,9 @@ class Fleet:
                 )
             # Read by a test that fails, to show what the background run printed.
             process.log_path = log_path
+            self.background.append(process)
             return process
-        started = time.monotonic()
-        result = subprocess.run(
+        process = subprocess.Popen(
             argv,
             env=env,
             cwd=REPO,
@@ -188,11 +250,23 @@ class Fleet:
             # The progress lines go to stderr; the tests read them with the rest.
             stderr=subprocess.STDOUT,
             text=True,
-            timeout=timeout,
-            check=False,
+            start_new_session=True,
         )
-        result.wall_s = time.monotonic() - started
-        return result
+        try:
+            stdout, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(process)
+            stdout, _ = process.communicate()
+            raise AssertionError(
+                "ansible-playbook %s ran past %d s and was ended:\n%s"
+                % (name, timeout, stdout[-6000:])
+            ) from None
+        return subprocess.CompletedProcess(argv, process.returncode, stdout)
+
+    def end_background_runs(self):
+        """Kill what is left of every background playbook run (a test that failed half-way)."""
+        while self.background:
+            kill_tree(self.background.pop())
 
     def canary(self, rollout_id, record_dir, *extra, **kwargs):
         return self.playbook(
@@ -213,7 +287,7 @@ class Fleet:
 class Load:
     """zerolayer_load.py on the controller against every node's service port."""
 
-    def __init__(self, fleet, name):
+    def __init__(self, fleet, name, nodes=None):
         self.summary = fleet.workdir / ("load-%s.json" % name)
         self.stop_file = fleet.workdir / ("load-%s.stop" % name)
         argv = [
@@ -236,12 +310,42 @@ class Load:
             "--summary",
             str(self.summary),
         ]
-        for node in fleet.nodes:
+        for node in fleet.nodes if nodes is None else nodes:
             argv += ["--target", "%s:%d" % (fleet.address(node), fleet.route["port"])]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while not self.summary.exists() and time.monotonic() < deadline:
+        self.wait_for(lambda summary: True, "its first summary")
+
+    def snapshot(self):
+        """The summary the client last wrote (it rewrites it every second), or None."""
+        try:
+            return json.loads(self.summary.read_text())
+        except FileNotFoundError:
+            return None
+
+    def wait_for(self, predicate, what, timeout=120):
+        """Poll the running client's summary until predicate(summary) holds; return it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            summary = self.snapshot()
+            if summary is not None and predicate(summary):
+                return summary
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    "the load client exited (rc %s) before %s: %s"
+                    % (
+                        self.process.returncode,
+                        what,
+                        self.process.stderr.read().decode(errors="replace")[-2000:],
+                    )
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError("load client: no %s after %d s" % (what, timeout))
             time.sleep(0.5)
+
+    def wait_for_more(self, requests, what="more requests"):
+        """Wait until `requests` more requests succeeded than in the summary of now."""
+        start = (self.snapshot() or {}).get("requests_ok", 0)
+        return self.wait_for(lambda s: s["requests_ok"] >= start + requests, what)
 
     def stop(self):
         """Stop sending, let requests in flight finish, return the final summary."""
@@ -287,8 +391,8 @@ def load(fleet):
     """A load client per test; stopped at the end of the test whatever happens."""
     started = []
 
-    def start(name):
-        client = Load(fleet, name)
+    def start(name, nodes=None):
+        client = Load(fleet, name, nodes)
         started.append(client)
         return client
 
@@ -301,6 +405,14 @@ def load(fleet):
             except subprocess.TimeoutExpired:
                 client.process.kill()
                 client.process.wait()
+
+
+@pytest.fixture(autouse=True)
+def background_runs_ended(request):
+    """A test that fails half-way leaves no playbook run of its own behind."""
+    yield
+    if "fleet" in request.fixturenames:
+        request.getfixturevalue("fleet").end_background_runs()
 
 
 @pytest.fixture
