@@ -17,6 +17,7 @@ import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     SOCKETS_MAP,
@@ -180,9 +181,14 @@ def read_slots(layout, route_index):
 
 
 def register_engine_socket(
-    layout, route, pid, listen_port, slot=0, family=None, timeout=30.0, check_mode=False
-):
+    layout, route, pid, listen_port, slot=0, family=None, timeout=30.0, check_mode=False,
+    epoch=None,
+):  # fmt: skip
     """Put the socket pid listens on at listen_port into slot of route.
+
+    A writer that carries a fence epoch (the canary, the engine upgrade) is refused when
+    it is older than the node's fence. The boot path and an engine's own start hook carry
+    none: they put the node's own engine back and never raise a weight.
 
     Returns changed, before and after (slot cookies), cookie, route_index and socket.
     """
@@ -208,6 +214,14 @@ def register_engine_socket(
             slots = read_slots(layout, entry.route_index)
             before = slots.get(slot)
             changed = before != info["cookie"]
+            if changed and epoch is not None:
+                admit(
+                    layout.fence_file,
+                    epoch,
+                    True,
+                    "engine socket in slot %d of route %r" % (slot, route),
+                    check_mode,
+                )
             if changed and not check_mode:
                 with opened_map(layout, SOCKETS_MAP) as map_fd:
                     # One update replaces whatever the slot held: no moment without a socket.

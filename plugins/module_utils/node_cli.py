@@ -21,6 +21,15 @@ import time
 DEFAULT_CONFIG = "/etc/zerolayer/router.json"
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
 DEFAULT_OBJECT = "/usr/local/lib/zerolayer/zerolayer_router.bpf.o"
+DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
+WRITER_EPOCH_HELP = (
+    "the writer's fence epoch from the rollout store; a raise of traffic with an epoch older "
+    "than the node's fence is refused (default: none, i.e. 0)"
+)
+FENCE_EPOCH_HELP = (
+    "the fence epoch the rollback raised in the rollout store; the node keeps the higher of "
+    "it and its own (default: one above the node's own)"
+)
 DEFAULT_REGISTER_TIMEOUT_S = 30.0
 # At boot an engine may not listen yet; its own start hook registers it later.
 ATTACH_REGISTER_TIMEOUT_S = 2.0
@@ -90,6 +99,16 @@ def _add_common_options(parser, defaults):
         help="bpffs directory of the router's pins (default: pin_dir in --config, else %s)"
         % DEFAULT_PIN_DIR,
     )
+    parser.add_argument(
+        "--fence-file",
+        default=None if defaults else argparse.SUPPRESS,
+        help="where the node keeps its fence epoch (default: fence_file in --config, else %s)"
+        % DEFAULT_FENCE_FILE,
+    )
+
+
+def _add_epoch(parser, help_text):
+    parser.add_argument("--epoch", type=_number(int, "epoch"), default=None, help=help_text)
 
 
 def build_parser():
@@ -109,8 +128,10 @@ def build_parser():
     set_weight = add("set-weight", "one atomic write of a route's weight (percent, 0-100)")
     set_weight.add_argument("--route", required=True)
     set_weight.add_argument("--weight", required=True, help="percent, at most two decimals")
+    _add_epoch(set_weight, WRITER_EPOCH_HELP)
 
-    add("rollback", "weight 0 on every route, confirmed by read-back")
+    rollback = add("rollback", "raise the fence, then weight 0 on every route, read back")
+    _add_epoch(rollback, FENCE_EPOCH_HELP)
 
     register = add("register", "put an engine's listening socket into a route's slot")
     register.add_argument("--route", required=True)
@@ -126,9 +147,11 @@ def build_parser():
         help="seconds to wait for the engine to listen (default: register_timeout in "
         "--config, else %s)" % DEFAULT_REGISTER_TIMEOUT_S,
     )
+    _add_epoch(register, WRITER_EPOCH_HELP)
 
-    add("show", "router state, routes, weights, slots and counters")
-    add("detach", "deep rollback: detach the link, keep routes")
+    add("show", "router state, routes, weights, slots, counters and the fence epoch")
+    detach = add("detach", "deep rollback: raise the fence, detach the link, keep routes")
+    _add_epoch(detach, FENCE_EPOCH_HELP)
     add("attach", "attach and declare routes and engines from --config (used at boot)")
     return parser
 
@@ -157,7 +180,10 @@ def load_config(path, required=False):
 def _layout(args, config):
     from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout
 
-    return PinLayout(args.pin_dir or config.get("pin_dir") or DEFAULT_PIN_DIR)
+    return PinLayout(
+        args.pin_dir or config.get("pin_dir") or DEFAULT_PIN_DIR,
+        fence_file=args.fence_file or config.get("fence_file") or DEFAULT_FENCE_FILE,
+    )
 
 
 def _route_summary(route):
@@ -186,9 +212,10 @@ def cmd_set_weight(args, config):
     routes.validate_route_name(args.route, "route")
     routes.parse_weight(args.weight, "weight")
     routes.require_route(layout, args.route)
-    result = routes.set_route(layout, args.route, weight=args.weight)
+    result = routes.set_route(layout, args.route, weight=args.weight, epoch=args.epoch)
     confirmed = routes.find_route(routes.read_routes(layout), args.route)
     return {
+        "epoch": args.epoch,
         "route": args.route,
         "port": confirmed.port,
         "changed": result["changed"],
@@ -204,6 +231,8 @@ def cmd_rollback(args, config):
 
     started = time.monotonic()
     layout = _layout(args, config)
+    # The fence first: from here on no writer with an older epoch can raise a weight.
+    epoch_before, epoch_after = routes.fence_routes(layout, args.epoch, "fast rollback")
     before = {route.name: route for route in routes.read_routes(layout)}
     failures = {}
     for name in before:
@@ -230,6 +259,8 @@ def cmd_rollback(args, config):
     all_confirmed = all(entry["confirmed"] for entry in report)
     return {
         "rolled_back": all_confirmed,
+        "fence_epoch_before": epoch_before,
+        "fence_epoch": epoch_after,
         "routes": report,
         "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3),
     }, (EXIT_OK if all_confirmed else EXIT_SYSTEM)
@@ -253,7 +284,7 @@ def cmd_register(args, config):
     if timeout is None:
         timeout = float(config.get("register_timeout", DEFAULT_REGISTER_TIMEOUT_S))
     result = engine_sockets.register_engine_socket(
-        layout, args.route, pid, port, slot=args.slot, timeout=timeout
+        layout, args.route, pid, port, slot=args.slot, timeout=timeout, epoch=args.epoch
     )
     return {
         "route": args.route,
@@ -275,10 +306,14 @@ def cmd_show(args, config):
 
 
 def cmd_detach(args, config):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import fence, router_lifecycle
 
-    result = router_lifecycle.detach(_layout(args, config))
+    layout = _layout(args, config)
+    epoch_before, epoch_after = fence.raise_fence(layout.fence_file, args.epoch, "deep rollback")
+    result = router_lifecycle.detach(layout)
     return {
+        "fence_epoch_before": epoch_before,
+        "fence_epoch": epoch_after,
         "changed": result["changed"],
         "actions": result["actions"],
         "attached": result["after"]["attached"],
@@ -306,6 +341,7 @@ def cmd_attach(args, config):
     """
     from ansible_collections.zerolayer.fleet.plugins.module_utils import (
         engine_sockets,
+        fence,
         router_lifecycle,
         routes,
     )
@@ -323,10 +359,20 @@ def cmd_attach(args, config):
     for route in declared:
         weight = route.get("weight", 0)
         keep_live = route["name"] in live and not route.get("pin_weight", False)
-        result = routes.set_route(
-            layout, route["name"], route["port"], None if keep_live else weight
-        )
-        route_results.append({"route": route["name"], "changed": result["changed"]})
+        entry = {"route": route["name"]}
+        try:
+            result = routes.set_route(
+                layout, route["name"], route["port"], None if keep_live else weight
+            )
+        except fence.FenceRefused as exc:
+            # Boot carries no epoch: after a rollback a declared weight waits for a rollout,
+            # the route itself is still created (at 0) or kept as it is.
+            result = routes.set_route(
+                layout, route["name"], route["port"], 0 if route["name"] not in live else None
+            )
+            entry["fenced"] = exc.message
+        entry["changed"] = result["changed"]
+        route_results.append(entry)
         for engine in route.get("engines", []):
             entry = {"route": route["name"], "slot": engine.get("slot", 0)}
             try:

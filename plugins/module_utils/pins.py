@@ -6,6 +6,9 @@
 <pin_dir>/prog_next    a program being loaded for an upgrade (short-lived)
 <pin_dir>/link         the BPF link attaching the program to a netns
 <pin_dir>/maps/<name>  zl_routes, zl_sockets, zl_counters, zl_latency
+
+The node's fence epoch (fence.py) is kept outside bpffs, in fence_file, so that a reboot
+or a router upgrade does not lose it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import struct
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import DEFAULT_FENCE_FILE
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
 BPFFS_MAGIC = 0xCAFE4A11
@@ -28,7 +32,7 @@ ROUTES_MAP, SOCKETS_MAP, COUNTERS_MAP, LATENCY_MAP = MAP_NAMES
 class PinLayout:
     """The paths of one router's pins."""
 
-    def __init__(self, pin_dir=DEFAULT_PIN_DIR):
+    def __init__(self, pin_dir=DEFAULT_PIN_DIR, fence_file=None):
         if not pin_dir or not os.path.isabs(pin_dir):
             raise FleetError(
                 "pin_dir must be an absolute path on a bpffs, e.g. %s; got %r"
@@ -36,6 +40,14 @@ class PinLayout:
                 {"field": "pin_dir"},
             )
         self.pin_dir = os.path.normpath(pin_dir)
+        fence_file = fence_file or DEFAULT_FENCE_FILE
+        if not os.path.isabs(fence_file):
+            raise FleetError(
+                "fence_file must be an absolute path outside bpffs, e.g. %s; got %r"
+                % (DEFAULT_FENCE_FILE, fence_file),
+                {"field": "fence_file"},
+            )
+        self.fence_file = os.path.normpath(fence_file)
         self.prog = os.path.join(self.pin_dir, "prog")
         self.next_prog = os.path.join(self.pin_dir, "prog_next")
         self.link = os.path.join(self.pin_dir, "link")
@@ -46,6 +58,18 @@ class PinLayout:
 
     def map_paths(self):
         return [self.map(name) for name in MAP_NAMES]
+
+
+def layout_options():
+    """The argument_spec entries of every module that works on a router's pins."""
+    return {
+        "pin_dir": {"type": "path", "default": DEFAULT_PIN_DIR},
+        "fence_file": {"type": "path", "default": DEFAULT_FENCE_FILE},
+    }
+
+
+def layout_from_params(params):
+    return PinLayout(params["pin_dir"], fence_file=params["fence_file"])
 
 
 def filesystem_magic(path):

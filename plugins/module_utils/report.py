@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import read_slots
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     latency_summary,
     read_counters,
@@ -26,8 +27,14 @@ def route_report(layout, route):
 
 
 def router_report(layout):
-    """Router state, every route and the decision-time histogram; maps absent -> no routes."""
-    report = {"router": router_state(layout), "routes": [], "latency": None}
+    """Router state, every route, the decision-time histogram and the node's fence epoch;
+    maps absent -> no routes."""
+    report = {
+        "router": router_state(layout),
+        "routes": [],
+        "latency": None,
+        "fence": read_fence(layout.fence_file),
+    }
     if missing_pins(layout):
         return report
     report["routes"] = [route_report(layout, route) for route in read_routes(layout)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit, raise_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     COUNTERS_MAP,
     ROUTES_MAP,
@@ -124,8 +125,12 @@ def plan_route(routes, name, port=None, weight=None):
     return current.replace(weight_bp=weight_bp, generation=current.generation + 1)
 
 
-def set_route(layout, name, port=None, weight=None, check_mode=False):
-    """Create route name, or change its weight; returns changed/before/after (Route or None)."""
+def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None):
+    """Create route name, or change its weight; returns changed/before/after (Route or None).
+
+    epoch is the writer's fence epoch (None: it carries none); a write that raises the
+    weight with an epoch older than the node's fence is refused (fence.admit).
+    """
     require_maps(layout)
     with writer_lock(layout):
         routes = read_routes(layout)
@@ -133,6 +138,13 @@ def set_route(layout, name, port=None, weight=None, check_mode=False):
         entry = plan_route(routes, name, port, weight)
         if entry is None:
             return {"changed": False, "before": before, "after": before}
+        admit(
+            layout.fence_file,
+            epoch,
+            entry.weight_bp > (before.weight_bp if before is not None else 0),
+            "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
+            check_mode,
+        )
         if not check_mode:
             if before is None:
                 _reset_route_slots_and_counters(layout, entry.route_index)
@@ -140,6 +152,17 @@ def set_route(layout, name, port=None, weight=None, check_mode=False):
                 flags = bpf_syscall.BPF_NOEXIST if before is None else bpf_syscall.BPF_EXIST
                 bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(entry), flags)
         return {"changed": True, "before": before, "after": entry}
+
+
+def fence_routes(layout, epoch=None, action="fast rollback"):
+    """Raise the node's fence (to epoch, or one above its own), holding the writer lock.
+
+    Every writer checks the fence under the same lock, so once this returns no write with
+    an older epoch can raise a weight. Returns (epoch before, epoch after).
+    """
+    require_maps(layout)
+    with writer_lock(layout):
+        return raise_fence(layout.fence_file, epoch, action)
 
 
 def sync_slot_limit(layout, route, live_slots, check_mode=False):

@@ -68,6 +68,7 @@ seealso:
   - module: zerolayer.fleet.route_info
 extends_documentation_fragment:
   - zerolayer.fleet.router
+  - zerolayer.fleet.router.epoch
   - zerolayer.fleet.router.changes
 """
 
@@ -125,7 +126,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets imp
     unregister_engine_socket,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    layout_from_params,
+    layout_options,
+)
 
 
 def main():
@@ -139,7 +143,8 @@ def main():
             family=dict(type="str", choices=["inet", "inet6"]),
             timeout=dict(type="int", default=30),
             state=dict(type="str", choices=["present", "absent"], default="present"),
-            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+            epoch=dict(type="int"),
+            **layout_options(),
         ),
         mutually_exclusive=[("pid", "unit")],
         required_if=[
@@ -154,7 +159,7 @@ def main():
 
     params = module.params
     try:
-        layout = PinLayout(params["pin_dir"])
+        layout = layout_from_params(params)
         if params["state"] == "present":
             pid = (
                 params["pid"]
@@ -170,6 +175,7 @@ def main():
                 family=params["family"],
                 timeout=params["timeout"],
                 check_mode=module.check_mode,
+                epoch=params["epoch"],
             )
         else:
             result = unregister_engine_socket(

@@ -50,6 +50,7 @@ seealso:
   - module: zerolayer.fleet.engine_socket
 extends_documentation_fragment:
   - zerolayer.fleet.router
+  - zerolayer.fleet.router.epoch
   - zerolayer.fleet.router.changes
 """
 
@@ -117,7 +118,10 @@ after:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    layout_from_params,
+    layout_options,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import remove_route, set_route
 
 
@@ -139,16 +143,22 @@ def main():
             port=dict(type="int"),
             weight=dict(type="raw"),
             state=dict(type="str", choices=["present", "absent"], default="present"),
-            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+            epoch=dict(type="int"),
+            **layout_options(),
         ),
         supports_check_mode=True,
     )
     params = module.params
     try:
-        layout = PinLayout(params["pin_dir"])
+        layout = layout_from_params(params)
         if params["state"] == "present":
             result = set_route(
-                layout, params["name"], params["port"], params["weight"], module.check_mode
+                layout,
+                params["name"],
+                params["port"],
+                params["weight"],
+                module.check_mode,
+                epoch=params["epoch"],
             )
         else:
             result = remove_route(layout, params["name"], module.check_mode)

@@ -68,6 +68,11 @@ router:
     program: {id: 42, tag: 40d0f0c4b441b2b2, name: zerolayer_route, run_cnt: 0, run_time_ns: 0}
     link: {id: 7, prog_id: 42, netns_ino: 4026531840, attached: true}
     maps_pinned: true
+fence:
+  description: The highest fence epoch this node has seen (0 before its first), and what raised it.
+  returned: always
+  type: dict
+  sample: {epoch: 4, action: fast rollback, at: "2026-12-01T10:02:03Z"}
 routes:
   description: Every route (or the one named), ordered by port.
   returned: always
@@ -130,7 +135,10 @@ latency:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    layout_from_params,
+    layout_options,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
 
 
@@ -138,12 +146,12 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             name=dict(type="str"),
-            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+            **layout_options(),
         ),
         supports_check_mode=True,
     )
     try:
-        report = router_report(PinLayout(module.params["pin_dir"]))
+        report = router_report(layout_from_params(module.params))
         name = module.params["name"]
         if name is not None:
             report["routes"] = [route for route in report["routes"] if route["name"] == name]

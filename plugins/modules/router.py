@@ -54,6 +54,18 @@ options:
       be on a bpffs.
     type: path
     default: /sys/fs/bpf/zerolayer
+  fence_file:
+    description:
+      - File, outside bpffs, where the node keeps the highest fence epoch it has seen.
+    type: path
+    default: /var/lib/zerolayer/fence.json
+  epoch:
+    description:
+      - With O(state=detached) or O(state=absent) (a deep rollback), the fence epoch the rollback
+        raised in the rollout store. The node's fence goes to the higher of it and its own before
+        the link is detached; omitted, it goes one above the node's own.
+      - Ignored with O(state=attached).
+    type: int
 notes:
   - The pin layout is C(prog), C(link) and C(maps/zl_routes), C(maps/zl_sockets),
     C(maps/zl_counters),
@@ -76,9 +88,10 @@ EXAMPLES = r"""
     object: /usr/local/lib/zerolayer/zerolayer_router-2.bpf.o
     pin_dir: /sys/fs/bpf/zerolayer
 
-- name: Deep rollback, every new connection goes to the proxy
+- name: Deep rollback, every new connection goes to the proxy, fenced at the store's epoch
   zerolayer.fleet.router:
     state: detached
+    epoch: 7
 
 - name: Remove the router with its routes
   zerolayer.fleet.router:
@@ -92,6 +105,11 @@ actions:
   type: list
   elements: str
   sample: ["load program", "create link in netns 4026531840"]
+fence:
+  description: The node's fence epoch before and after a deep rollback raised it.
+  returned: when O(state) is V(detached) or V(absent)
+  type: dict
+  sample: {epoch_before: 3, epoch: 4}
 router:
   description: State of the router after the change.
   returned: always
@@ -122,7 +140,11 @@ router:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import DEFAULT_PIN_DIR, PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    layout_from_params,
+    layout_options,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
     SELF_NETNS,
     attach,
@@ -137,7 +159,8 @@ def main():
             state=dict(type="str", choices=["attached", "detached", "absent"], default="attached"),
             object=dict(type="path"),
             netns=dict(type="path", default=SELF_NETNS),
-            pin_dir=dict(type="path", default=DEFAULT_PIN_DIR),
+            epoch=dict(type="int"),
+            **layout_options(),
         ),
         required_if=[("state", "attached", ["object"])],
         supports_check_mode=True,
@@ -148,17 +171,26 @@ def main():
 
     params = module.params
     try:
-        layout = PinLayout(params["pin_dir"])
+        layout = layout_from_params(params)
         if params["state"] == "attached":
             result = attach(layout, params["object"], params["netns"], module.check_mode, runner)
-        elif params["state"] == "detached":
-            result = detach(layout, module.check_mode)
         else:
-            result = remove(layout, module.check_mode)
+            # A deep rollback fences the node first: nothing may raise a weight once it acts.
+            fence_before, fence_after = raise_fence(
+                layout.fence_file, params["epoch"], "deep rollback", module.check_mode
+            )
+            if params["state"] == "detached":
+                result = detach(layout, module.check_mode)
+            else:
+                result = remove(layout, module.check_mode)
+            result["fence"] = {"epoch_before": fence_before, "epoch": fence_after}
+            result["changed"] = result["changed"] or fence_after != fence_before
     except FleetError as exc:
         module.fail_json(**exc.fail_json_kwargs())
 
     output = {"changed": result["changed"], "actions": result["actions"], "router": result["after"]}
+    if "fence" in result:
+        output["fence"] = result["fence"]
     if module._diff:
         output["diff"] = {"before": result["before"], "after": result["after"]}
     module.exit_json(**output)

@@ -39,7 +39,11 @@ EXPORTER = (
 def routectl(layout, *argv, config=None):
     """Run the CLI; return (exit status, parsed JSON from stdout or stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    prefix = ["--config", config or "/nonexistent/router.json", "--pin-dir", layout.pin_dir]
+    prefix = [
+        "--config", config or "/nonexistent/router.json",
+        "--pin-dir", layout.pin_dir,
+        "--fence-file", layout.fence_file,
+    ]  # fmt: skip
     status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
     text = out.getvalue() or err.getvalue()
     assert text.count("\n") == 1, "one JSON line, got %r" % text
@@ -216,8 +220,12 @@ def test_detach_then_attach_from_config(attached, netns, engine, router_object, 
     assert result["attached"] is True
     assert {r["route"]: r["changed"] for r in result["routes"]} == {"chat": False, "batch": True}
     assert result["engines"] == [{"route": "chat", "slot": 0, "registered": True, "changed": False}]
+    # The detach raised the node's fence: the boot path, which carries no epoch, creates the
+    # new route at 0 instead of its declared 25 %, and says why.
+    fenced = {r["route"]: r.get("fenced", "") for r in result["routes"]}
+    assert "fence epoch 1" in fenced["batch"] and not fenced["chat"], fenced
     weights = {r["name"]: r["weight"] for r in ok(attached, "show")["routes"]}
-    assert weights == {"chat": 100, "batch": 25}, "a live weight survives re-attach"
+    assert weights == {"chat": 100, "batch": 0}, "a live weight survives re-attach"
     assert netns.clients(count=30)["served"] == {"engine": 30}
 
 
@@ -286,3 +294,78 @@ def test_exporter_with_nothing_pinned(bpffs, exporter):
     promtool_check(text)
     assert value(text, "zerolayer_router_attached") == 0
     assert "zerolayer_route_" not in text
+
+
+def routes_map_bytes(layout):
+    """Every entry of the routes map, raw: what "unchanged byte for byte" compares."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+        ROUTES_MAP,
+        opened_map,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+        PORT_KEY,
+        ROUTE_VALUE,
+    )
+
+    with opened_map(layout, ROUTES_MAP) as fd:
+        return {
+            key: bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size)
+            for key in bpf_syscall.map_keys(fd, PORT_KEY.size)
+        }
+
+
+def test_rollback_raises_the_fence_and_an_older_epoch_cannot_raise_a_weight(attached, netns):
+    ok(attached, "set-weight", "--route", "chat", "--weight", "20", "--epoch", "3")
+    assert ok(attached, "show")["fence"]["epoch"] == 3, "a higher epoch is recorded"
+    rolled = ok(attached, "rollback", "--epoch", "4")
+    assert (rolled["fence_epoch_before"], rolled["fence_epoch"]) == (3, 4)
+    before = routes_map_bytes(attached)
+    for stale in (["--epoch", "3"], []):  # the runner's old epoch, and no epoch at all
+        status, error = routectl(
+            attached, "set-weight", "--route", "chat", "--weight", "20", *stale
+        )
+        assert status == node_cli.EXIT_REJECTED, error
+        assert error["field"] == "epoch" and error["node_epoch"] == 4
+        assert "epoch %s" % (stale[1] if stale else 0) in error["error"]
+        assert "fence epoch 4" in error["error"], error["error"]
+        assert routes_map_bytes(attached) == before, "the map is unchanged byte for byte"
+    assert netns.clients(count=50)["served"] == {"proxy": 50}
+    # The writer that took the new epoch goes through; so does the safe direction with any.
+    assert ok(attached, "set-weight", "--route", "chat", "--weight", "100", "--epoch", "4")[
+        "changed"
+    ]
+    assert ok(attached, "set-weight", "--route", "chat", "--weight", "0", "--epoch", "1")["changed"]
+
+
+def test_rollback_without_an_epoch_goes_one_above_the_nodes_own(attached):
+    ok(attached, "set-weight", "--route", "chat", "--weight", "50", "--epoch", "7")
+    assert ok(attached, "rollback")["fence_epoch"] == 8
+    assert ok(attached, "rollback", "--epoch", "2")["fence_epoch"] == 8, "never lowered"
+    status, error = routectl(
+        attached, "set-weight", "--route", "chat", "--weight", "5", "--epoch", "7"
+    )
+    assert status == node_cli.EXIT_REJECTED and error["node_epoch"] == 8
+
+
+def test_register_with_an_older_epoch_is_refused(attached, engine):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+        unregister_engine_socket,
+    )
+
+    ok(attached, "rollback", "--epoch", "5")
+    unregister_engine_socket(attached, "chat", 0)
+    status, error = routectl(
+        attached, "register", "--route", "chat", "--slot", "0", "--pid", str(engine.pid),
+        "--port", str(ENGINE_PORT), "--timeout", "5", "--epoch", "4",
+    )  # fmt: skip
+    assert status == node_cli.EXIT_REJECTED and error["field"] == "epoch", error
+    assert ok(attached, "show")["routes"][0]["slots"] == {}, "nothing was registered"
+
+
+def test_detach_raises_the_fence_before_it_detaches(attached):
+    result = ok(attached, "detach", "--epoch", "9")
+    assert (result["fence_epoch"], result["attached"]) == (9, False)
+    with open(attached.fence_file) as handle:
+        kept = json.load(handle)
+    assert kept["epoch"] == 9 and kept["action"] == "deep rollback"

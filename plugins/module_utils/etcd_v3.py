@@ -1,0 +1,277 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""A small client of etcd's v3 API over its JSON gateway, with Python's standard library only.
+
+The GPU nodes have nothing but the standard library, and the controller uses the same code,
+so both sides speak to the store the same way (see docs/rollout-store.md for why no client
+library). Keys and values travel base64-encoded in the JSON; revisions come back as strings.
+
+Every failure raises FleetError: StoreUnavailable when no endpoint answered (callers decide
+what an outage means for them: a rollback goes on, a canary holds), FleetError with the
+store's own message when the store answered with an error (permission denied, say).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import urllib.error
+import urllib.request
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+DEFAULT_TIMEOUT_S = 3.0
+
+
+class StoreUnavailable(FleetError):
+    """No endpoint of the store could be reached (or none answered in time)."""
+
+
+def _b64(text):
+    data = text if isinstance(text, bytes) else text.encode()
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text):
+    return base64.b64decode(text or "")
+
+
+def prefix_end(prefix):
+    """The range_end that makes a range over every key starting with prefix."""
+    data = bytearray(prefix.encode())
+    while data:
+        if data[-1] < 0xFF:
+            data[-1] += 1
+            return bytes(data)
+        data.pop()
+    return b"\0"
+
+
+class KeyValue:
+    """One key of the store as a range or a watch returns it."""
+
+    __slots__ = ("create_revision", "key", "lease", "mod_revision", "value", "version")
+
+    def __init__(self, raw):
+        self.key = _unb64(raw.get("key")).decode()
+        self.value = _unb64(raw.get("value"))
+        self.mod_revision = int(raw.get("mod_revision", 0))
+        self.create_revision = int(raw.get("create_revision", 0))
+        self.version = int(raw.get("version", 0))
+        self.lease = int(raw.get("lease", 0))
+
+    def json(self):
+        """The value as JSON, or a FleetError naming the key."""
+        try:
+            return json.loads(self.value.decode())
+        except ValueError as exc:
+            raise FleetError(
+                "store key %s does not hold JSON: %s" % (self.key, exc), {"key": self.key}
+            ) from None
+
+
+class EtcdClient:
+    """The store's endpoints, TLS material and timeout; one HTTP request per call."""
+
+    def __init__(self, endpoints, ca_file=None, cert_file=None, key_file=None, timeout=None):
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        endpoints = [str(e).rstrip("/") for e in endpoints or [] if str(e).strip()]
+        if not endpoints:
+            raise FleetError(
+                "endpoints must name at least one store URL, e.g. https://10.0.0.5:2379",
+                {"field": "endpoints"},
+            )
+        for endpoint in endpoints:
+            if not endpoint.startswith(("http://", "https://")):
+                raise FleetError(
+                    "endpoints: %r must start with https:// (or http:// for a store without "
+                    "TLS)" % endpoint,
+                    {"field": "endpoints", "value": endpoint},
+                )
+        self.endpoints = endpoints
+        self.timeout = float(timeout or DEFAULT_TIMEOUT_S)
+        self._context = None
+        if any(e.startswith("https://") for e in endpoints):
+            try:
+                self._context = ssl.create_default_context(cafile=ca_file)
+                if cert_file:
+                    self._context.load_cert_chain(cert_file, key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise FleetError(
+                    "store TLS files cannot be loaded (ca %s, cert %s, key %s): %s"
+                    % (ca_file, cert_file, key_file, exc),
+                    {"field": "ca_file"},
+                ) from None
+
+    # ------------------------------------------------------------ transport
+
+    def _open(self, path, body, timeout):
+        errors = []
+        for endpoint in self.endpoints:
+            # Endpoints are checked to be http(s) URLs in __init__.
+            request = urllib.request.Request(  # noqa: S310
+                endpoint + path,
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            try:
+                return urllib.request.urlopen(  # noqa: S310
+                    request, timeout=timeout, context=self._context
+                )
+            except urllib.error.HTTPError as exc:
+                raise self._answered_error(path, exc) from None
+            except (OSError, ssl.SSLError) as exc:  # refused, timed out, TLS handshake
+                errors.append("%s: %s" % (endpoint, getattr(exc, "reason", exc)))
+        raise StoreUnavailable(
+            "the rollout store cannot be reached (%s)" % "; ".join(errors),
+            {"endpoints": self.endpoints},
+        )
+
+    @staticmethod
+    def _answered_error(path, exc):
+        try:
+            answer = json.loads(exc.read().decode() or "{}")
+        except ValueError:
+            answer = {}
+        message = answer.get("message") or answer.get("error") or exc.reason
+        return FleetError(
+            "the rollout store refused %s: %s (HTTP %s)" % (path, message, exc.code),
+            {"status": exc.code, "store_error": message},
+        )
+
+    def call(self, path, body):
+        """POST body to path; the decoded JSON answer."""
+        try:
+            with self._open(path, body, self.timeout) as response:
+                answer = json.loads(response.read().decode() or "{}")
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, FleetError):
+                raise
+            raise StoreUnavailable(
+                "the rollout store did not answer %s: %s" % (path, exc),
+                {"endpoints": self.endpoints},
+            ) from None
+        if "error" in answer and "result" not in answer:
+            raise FleetError(
+                "the rollout store refused %s: %s" % (path, answer.get("message") or answer),
+                {"store_error": answer.get("message")},
+            )
+        return answer
+
+    # ------------------------------------------------------------ kv
+
+    def get(self, key):
+        """The KeyValue at key, or None."""
+        answer = self.call("/v3/kv/range", {"key": _b64(key)})
+        kvs = answer.get("kvs") or []
+        return KeyValue(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix):
+        answer = self.call(
+            "/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        )
+        return [KeyValue(raw) for raw in answer.get("kvs") or []]
+
+    def revision(self, answer):
+        return int(answer.get("header", {}).get("revision", 0))
+
+    def put(self, key, value, lease=0):
+        body = {"key": _b64(key), "value": _b64(_encode(value))}
+        if lease:
+            body["lease"] = str(lease)
+        return self.revision(self.call("/v3/kv/put", body))
+
+    def delete(self, key):
+        return int(self.call("/v3/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
+
+    def put_if(self, key, value, mod_revision, lease=0):
+        """Compare-and-swap: put only if key's mod_revision is still mod_revision (0: absent).
+
+        Returns (succeeded, current KeyValue or None when it failed).
+        """
+        put = {"key": _b64(key), "value": _b64(_encode(value))}
+        if lease:
+            put["lease"] = str(lease)
+        answer = self.call(
+            "/v3/kv/txn",
+            {
+                "compare": [
+                    {
+                        "key": _b64(key),
+                        "target": "MOD",
+                        "result": "EQUAL",
+                        "mod_revision": str(int(mod_revision)),
+                    }
+                ],
+                "success": [{"request_put": put}],
+                "failure": [{"request_range": {"key": _b64(key)}}],
+            },
+        )
+        if answer.get("succeeded"):
+            return True, None
+        for response in answer.get("responses") or []:
+            kvs = response.get("response_range", {}).get("kvs") or []
+            if kvs:
+                return False, KeyValue(kvs[0])
+        return False, None
+
+    # ------------------------------------------------------------ leases
+
+    def grant_lease(self, ttl_s):
+        answer = self.call("/v3/lease/grant", {"TTL": str(int(ttl_s))})
+        return int(answer["ID"])
+
+    def keep_alive(self, lease):
+        """Renew lease once; the TTL left (0 or less: it had expired)."""
+        answer = self.call("/v3/lease/keepalive", {"ID": str(lease)})
+        return int(answer.get("result", {}).get("TTL", 0))
+
+    def lease_ttl(self, lease):
+        """Seconds left on lease (-1 when it has expired or never existed)."""
+        answer = self.call("/v3/lease/timetolive", {"ID": str(lease)})
+        return int(answer.get("TTL", -1))
+
+    def revoke_lease(self, lease):
+        try:
+            self.call("/v3/lease/revoke", {"ID": str(lease)})
+        except FleetError as exc:
+            if "not found" not in str(exc):
+                raise
+
+    # ------------------------------------------------------------ watch
+
+    def watch(self, key, start_revision=0, timeout=None):
+        """Yield lists of KeyValue changed at key, as the store sends them.
+
+        The response stays open; each line is one JSON object. timeout bounds the wait for
+        each line (None: the client's timeout); StoreUnavailable ends the watch.
+        """
+        body = {"create_request": {"key": _b64(key)}}
+        if start_revision:
+            body["create_request"]["start_revision"] = str(int(start_revision))
+        response = self._open("/v3/watch", body, timeout or self.timeout)
+        try:
+            for line in response:
+                try:
+                    result = json.loads(line.decode()).get("result", {})
+                except ValueError:
+                    continue
+                events = result.get("events") or []
+                if events:
+                    yield [KeyValue(event.get("kv", {})) for event in events]
+        except (OSError, socket.timeout) as exc:
+            raise StoreUnavailable(
+                "the watch of %s ended: %s" % (key, exc), {"endpoints": self.endpoints}
+            ) from None
+        finally:
+            response.close()
+
+
+def _encode(value):
+    if isinstance(value, (bytes, str)):
+        return value
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,139 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The node's fence: the highest rollout epoch this node has seen, and the rule it enforces.
+
+Rollback and abort raise the fleet's fence epoch in the rollout store before they touch a
+node; every writer of weights carries the epoch it took. A node keeps the highest epoch it
+has seen in a small JSON file (outside bpffs, so a reboot or a router upgrade keeps it) and
+refuses a write that would send more traffic to the engine with an older epoch. A paused,
+stale or resumed runner can therefore never undo a rollback, whatever it believes.
+
+The safe direction is never fenced: weight 0, a lower weight or a write that changes
+nothing goes through with any epoch (a rollback must never be refused). Callers hold the
+router's writer lock around admit() and their map write, so a rollback that raises the
+epoch cannot slip between the check and the write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
+
+
+class FenceRefused(FleetError):
+    """A write with an epoch older than the node's fence."""
+
+
+def _validate_epoch(epoch, field="epoch"):
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise FleetError(
+            "%s must be a whole number >= 0 (the rollout store's fence epoch); got %r"
+            % (field, epoch),
+            {"field": field, "value": epoch},
+        )
+    return epoch
+
+
+def parse_epoch(value, field="epoch"):
+    """An epoch from an int or a string of digits; None stays None (no epoch carried)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return _validate_epoch(value, field)
+
+
+def read_fence(path):
+    """{"epoch": int, ...} as recorded on this node; epoch 0 when nothing was recorded."""
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return {"epoch": 0}
+    except (OSError, ValueError) as exc:
+        # A fence that cannot be read must not read as "no fence": refuse every raise.
+        raise FleetError(
+            "fence file %s cannot be read (%s); fix or remove it by hand after checking the "
+            "rollout store's fence epoch" % (path, exc),
+            {"field": "fence_file", "path": path},
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
+        raise FleetError(
+            "fence file %s holds no epoch; fix it by hand after checking the rollout store" % path,
+            {"field": "fence_file", "path": path},
+        )
+    return data
+
+
+def write_fence(path, fence):
+    """Replace the fence file atomically (temp file in the same directory, fsync, rename)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=".fence-", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(fence, out, sort_keys=True)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, 0o600)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def admit(path, epoch, raises_traffic, what, check_mode=False):
+    """Check a write of epoch against the node's fence; record a higher epoch.
+
+    epoch None means the writer carries no epoch (0). Raises FenceRefused, naming both
+    epochs, when the write would send more traffic to the engine with an older epoch.
+    Returns the node's epoch after the check.
+    """
+    carried = 0 if epoch is None else _validate_epoch(epoch)
+    fence = read_fence(path)
+    if carried < fence["epoch"] and raises_traffic:
+        raise FenceRefused(
+            "%s refused: the write carries epoch %d, older than this node's fence epoch %d "
+            "(raised by %s at %s). A rollback or abort happened after this writer took its "
+            "epoch; nothing was changed. Start a new rollout, which takes the store's "
+            "current epoch."
+            % (
+                what,
+                carried,
+                fence["epoch"],
+                fence.get("action", "a rollback"),
+                fence.get("at", "an unknown time"),
+            ),
+            {"field": "epoch", "epoch": carried, "node_epoch": fence["epoch"]},
+        )
+    if carried > fence["epoch"] and not check_mode:
+        write_fence(path, {"epoch": carried, "action": "write", "at": _now()})
+        return carried
+    return fence["epoch"]
+
+
+def raise_fence(path, epoch=None, action="rollback", check_mode=False):
+    """The node side of a rollback: the fence goes to max(epoch, node's) or node's + 1.
+
+    With no epoch (the store could not be reached, or a person on the node) the node's own
+    epoch goes up by one, which is above every writer that took its epoch before. Returns
+    (before, after) epochs.
+    """
+    before = read_fence(path)["epoch"]
+    wanted = before + 1 if epoch is None else _validate_epoch(epoch)
+    after = max(before, wanted)
+    if after != before and not check_mode:
+        write_fence(path, {"epoch": after, "action": action, "at": _now()})
+    return before, after
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

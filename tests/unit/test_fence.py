@@ -1,0 +1,80 @@
+"""The node's fence (fence.py): what it admits, what it refuses, what it keeps."""
+
+import json
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+
+@pytest.fixture
+def path(tmp_path):
+    return str(tmp_path / "state" / "fence.json")
+
+
+def test_a_node_without_a_fence_file_is_at_epoch_zero(path):
+    assert fence.read_fence(path) == {"epoch": 0}
+    assert fence.admit(path, None, True, "weight 5%") == 0
+
+
+def test_a_higher_epoch_is_recorded_and_an_older_one_cannot_raise_traffic(path):
+    assert fence.admit(path, 3, True, "weight 5%") == 3
+    assert fence.read_fence(path)["epoch"] == 3
+    with pytest.raises(fence.FenceRefused) as refused:
+        fence.admit(path, 2, True, "weight 20% on route 'chat'")
+    message = refused.value.message
+    assert "epoch 2" in message and "fence epoch 3" in message and "'chat'" in message
+    assert refused.value.details == {"field": "epoch", "epoch": 2, "node_epoch": 3}
+    assert fence.read_fence(path)["epoch"] == 3, "a refusal changes nothing"
+
+
+def test_the_safe_direction_is_admitted_with_any_epoch(path):
+    fence.raise_fence(path, 6)
+    assert fence.admit(path, 1, False, "weight 0%") == 6
+    assert fence.admit(path, None, False, "weight 0%") == 6
+
+
+def test_check_mode_records_nothing(path):
+    assert fence.admit(path, 4, True, "weight 5%", check_mode=True) == 0
+    assert fence.raise_fence(path, 4, check_mode=True) == (0, 4)
+    assert fence.read_fence(path) == {"epoch": 0}
+
+
+def test_raise_keeps_the_higher_epoch_or_goes_one_above_its_own(path):
+    assert fence.raise_fence(path, 5, "fast rollback") == (0, 5)
+    assert fence.raise_fence(path, 2, "fast rollback") == (5, 5)
+    assert fence.raise_fence(path, None, "deep rollback") == (5, 6)
+    kept = fence.read_fence(path)
+    assert kept["epoch"] == 6 and kept["action"] == "deep rollback" and kept["at"].endswith("Z")
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "three", [1]])
+def test_a_bad_epoch_names_the_field(path, bad):
+    with pytest.raises(FleetError) as failed:
+        fence.admit(path, bad, True, "weight 5%")
+    assert failed.value.details["field"] == "epoch"
+    assert "whole number" in failed.value.message
+
+
+def test_parse_epoch_takes_digits_and_none():
+    assert fence.parse_epoch("12") == 12 and fence.parse_epoch(None) is None
+    with pytest.raises(FleetError):
+        fence.parse_epoch("12a")
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"epoch": "3"}), json.dumps([3])])
+def test_an_unreadable_fence_refuses_rather_than_reading_as_zero(tmp_path, content):
+    path = tmp_path / "fence.json"
+    path.write_text(content)
+    with pytest.raises(FleetError) as failed:
+        fence.admit(str(path), 9, True, "weight 5%")
+    assert failed.value.details["field"] == "fence_file"
+    assert path.read_text() == content
+
+
+def test_the_fence_file_is_private_and_replaced_whole(path):
+    import os
+
+    fence.raise_fence(path, 2)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [name for name in os.listdir(os.path.dirname(path))] == ["fence.json"]
