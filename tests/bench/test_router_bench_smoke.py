@@ -72,7 +72,25 @@ def test_ratios_decision_times_and_targets_are_reported(quick_report):
         "mean decision time (b)",
         "p99 decision time (b), interpolated in its bucket as histogram_quantile() does",
     ]
-    assert all(isinstance(target["passed"], bool) for target in summary["targets"])
+    # Each target judges the figure it names, and its verdict agrees with the bound it states.
+    measured_of = {
+        "(b)/(a) req/s, keepalive, side by side": summary["side_by_side"]["keepalive"]["median"],
+        "(b)/(a) req/s, close, side by side": summary["side_by_side"]["close"]["median"],
+        "(b)/(c) req/s, keepalive": summary["ratios"]["b/c keepalive"],
+        "mean decision time (b)": summary["decision"]["b"]["mean_ns"],
+        "p99 decision time (b), interpolated in its bucket as histogram_quantile() does": summary[
+            "decision"
+        ]["b"]["p99_interpolated_ns"],
+    }
+    for target in summary["targets"]:
+        assert target["measured"] == measured_of[target["name"]], target
+        assert target["measured"] > 0, target
+        sense, bound = target["target"].split()[:2]
+        within = {
+            ">=": target["measured"] >= float(bound),
+            "<=": target["measured"] <= float(bound),
+        }
+        assert target["passed"] is within[sense], target
 
 
 def test_side_by_side_pairs_a_and_b_in_every_round_and_mode(quick_report):

@@ -34,7 +34,16 @@ CLIENT = os.path.join(os.path.dirname(__file__), "http_client.py")
 SERVICE_PORT = 8080
 ENGINE_PORT = 9001
 
-pytestmark = pytest.mark.dataplane
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# pytest reads `pytestmark` from test modules only, never from a conftest.py: the mark is
+# given here to every test collected under this directory.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if os.path.dirname(str(item.path)).startswith(HERE):
+            item.add_marker(pytest.mark.dataplane)
 
 
 def run(argv, **kwargs):

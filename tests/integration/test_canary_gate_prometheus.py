@@ -33,9 +33,14 @@ PROMETHEUS = "/usr/bin/prometheus"
 JOB = "zl-canary-test"
 WAIT_LIMIT = 90  # seconds a poll may wait for Prometheus before the test fails with a message
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(PROMETHEUS), reason="the prometheus binary is not installed"
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def prometheus_installed():
+    """Prometheus is part of the test profile (bindep.txt): missing, it is a failure."""
+    if not os.path.exists(PROMETHEUS):
+        pytest.fail(
+            "%s is missing: install the Debian package prometheus (scripts/setup test)" % PROMETHEUS
+        )
 
 
 # ---------------------------------------------------------------- the scraped server

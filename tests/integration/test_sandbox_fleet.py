@@ -19,14 +19,17 @@ NETWORK = "zerolayer-sandbox"
 NODES = ["zl-node-01", "zl-node-02"]
 MONITOR = "zl-monitor"
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("podman") is None or os.geteuid() != 0,
-        reason="needs root and podman",
-    ),
-    # One sandbox fleet at a time on a machine: every test that brings it up runs in one worker.
-    pytest.mark.xdist_group("sandbox-fleet"),
-]
+# One sandbox fleet at a time on a machine: every test that brings it up runs in one worker.
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def root_and_podman():
+    """The test profile runs as root with podman installed (bindep.txt): else a failure."""
+    if os.geteuid() != 0:
+        pytest.fail("the sandbox fleet needs root: run the tests as root")
+    if shutil.which("podman") is None:
+        pytest.fail("podman is missing: install the Debian package podman (scripts/setup test)")
 
 
 def run(*argv, check=True):

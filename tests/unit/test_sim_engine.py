@@ -429,7 +429,9 @@ def test_metrics_use_vllm_names_and_count(engine):
 def test_metrics_pass_promtool(engine):
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+        pytest.fail(
+            "promtool is missing: install the Debian package prometheus (scripts/setup test)"
+        )
     engine.chat()
     result = subprocess.run(
         [promtool, "check", "metrics"],
