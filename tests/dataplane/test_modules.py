@@ -60,7 +60,7 @@ def route_map_bytes(layout):
 
 
 def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
-    pin = {"pin_dir": layout.pin_dir}
+    pin = {"pin_dir": layout.pin_dir, "fence_file": layout.fence_file}
     attached = ansible("router", object=router_object, netns=netns.path, **pin)
     assert attached["changed"] and attached["router"]["attached"], attached
     assert ansible("router", object=router_object, netns=netns.path, **pin)["changed"] is False
@@ -124,7 +124,10 @@ def test_bad_input_through_ansible_fails_and_changes_nothing(
     router_lifecycle.attach(layout, router_object, netns.path)
     set_route(layout, "svc", port=SERVICE_PORT, weight=12.5)
     before = route_map_bytes(layout)
-    result = ansible("route", **{"name": "svc", "pin_dir": layout.pin_dir, **args})
+    result = ansible(
+        "route",
+        **{"name": "svc", "pin_dir": layout.pin_dir, "fence_file": layout.fence_file, **args},
+    )
     assert result.get("failed") is True
     assert message in result["msg"]
     assert route_map_bytes(layout) == before
