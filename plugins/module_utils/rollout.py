@@ -322,22 +322,60 @@ def _previous_summary(record):
     }
 
 
-def plan(existing, rollout_id, schedule, gates, restart, now, actor):
+def _validate_epoch(epoch):
+    if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
+        raise FleetError(
+            "epoch must be a whole number >= 0 (the rollout store's fence epoch); got %r"
+            % (epoch,),
+            {"field": "epoch"},
+        )
+    return epoch
+
+
+def _fenced_resume(record, epoch, take_epoch, now, actor):
+    """A rollout resumed under a fence above the one it took: refused, or taken on purpose.
+
+    Returns the record to resume (changed when the epoch was taken), or raises.
+    """
+    taken = record.get("fence_epoch")
+    if epoch is None or (taken is not None and taken >= epoch):
+        return record, False
+    if taken is not None and not take_epoch:
+        raise FleetError(
+            "rollout %s took fence epoch %d, but the fleet's fence is now %d: it was rolled back "
+            "or aborted since, and its nodes are fenced. Nothing was changed. Start anew "
+            "(restart: true, or a new rollout_id), or take the new epoch on purpose "
+            "(take_epoch: true) to resume from where it stopped."
+            % (record["rollout_id"], taken, epoch),
+            {"field": "epoch", "epoch": taken, "fence_epoch": epoch},
+        )
+    record = copy.deepcopy(record)
+    record["fence_epoch"] = epoch
+    _transition(record, "epoch_taken", now, actor, epoch=epoch, previous_epoch=taken)
+    return record, True
+
+
+def plan(existing, rollout_id, schedule, gates, restart, now, actor, epoch=None, take_epoch=False):
     """Create or load the record; returns (record, changed, note).
 
     Everything is validated first. A finished rollout with the same id is returned
     unchanged (a re-run converges); one in progress resumes, and a different schedule
-    for it is refused unless restart is true.
+    for it is refused unless restart is true. epoch is the fleet's fence epoch now: a new
+    record keeps it, and a rollout that took an older one is refused unless take_epoch.
     """
     validate_rollout_id(rollout_id)
+    _validate_epoch(epoch)
     normalised = validate_schedule(DEFAULT_SCHEDULE if schedule is None else schedule)
     gate_data = [gate.as_dict() for gate in validate_gates(gates)] if gates is not None else None
     if existing is None:
-        return new_record(rollout_id, normalised, gate_data, now, actor), True, "created"
+        record = new_record(rollout_id, normalised, gate_data, now, actor)
+        record["fence_epoch"] = epoch
+        return record, True, "created"
     same_id = existing["rollout_id"] == rollout_id
     finished = existing["outcome"] in FINISHED
     if restart or (finished and not same_id):
         record = new_record(rollout_id, normalised, gate_data, now, actor)
+        record["fence_epoch"] = epoch
         record["previous"] = _previous_summary(existing)
         return record, True, "restarted" if restart else "created"
     if not same_id:
@@ -366,12 +404,13 @@ def plan(existing, rollout_id, schedule, gates, restart, now, actor):
             ),
             {"field": "schedule"},
         )
+    existing, epoch_taken = _fenced_resume(existing, epoch, take_epoch, now, actor)
     if gate_data is not None and gate_data != existing.get("gates"):
         record = copy.deepcopy(existing)
         record["gates"] = gate_data
         _transition(record, "gates_changed", now, actor)
         return record, True, "resumed"
-    return existing, False, "resumed"
+    return existing, epoch_taken, "resumed"
 
 
 def _require_active(record, action):
@@ -397,6 +436,13 @@ def _stage_index(value, record, field="stage"):
 
 def stage_started(record, stage, now, actor):
     _require_active(record, "stage_started")
+    if record["outcome"] == "paused" or record.get("paused"):
+        # A pause made elsewhere while this runner held must stop it before it writes.
+        raise FleetError(
+            "stage_started refused: rollout %s is paused (%s); nothing was written. Continue "
+            "with action=resume" % (record["rollout_id"], record.get("pause_reason")),
+            {"field": "action"},
+        )
     index = _stage_index(stage, record)
     current = record["stage"]
     if index == current["index"] and current["status"] != "pending":

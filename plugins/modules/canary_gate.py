@@ -149,6 +149,42 @@ options:
       - Start the stage's history afresh, for example after a person resumed a paused rollout.
     type: bool
     default: false
+  record_path:
+    description:
+      - The rollout's record (M(zerolayer.fleet.rollout_state)), read before every evaluation. When
+        it says paused (a person paused it from elsewhere) or finished, no gate is evaluated and
+        RV(decision) is V(paused) or V(stopped).
+    type: path
+  epoch:
+    description:
+      - The fence epoch this runner took at its start. Before every evaluation the fleet's fence is
+        read from the rollout store (O(endpoints)); when it rose above O(epoch) (a rollback or an
+        abort since), RV(decision) is V(fenced) and no gate is evaluated.
+      - When the store cannot be reached, no gate is evaluated and RV(decision) stays V(continue),
+        so the hold cannot end while nobody can see the fence (RV(store_reachable) is false).
+    type: int
+  endpoints:
+    description: URLs of the rollout store (etcd); empty, the fence is not read.
+    type: list
+    elements: str
+    default: []
+  ca_file:
+    description: CA certificate of the rollout store.
+    type: path
+  cert_file:
+    description: The controller's client certificate for the rollout store.
+    type: path
+  key_file:
+    description: Private key of O(cert_file).
+    type: path
+  store_timeout:
+    description: Seconds to wait for the rollout store.
+    type: float
+    default: 3.0
+  prefix:
+    description: Key prefix of the rollout store.
+    type: str
+    default: /zerolayer/
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying
@@ -214,8 +250,15 @@ reason:
   returned: always
   type: str
   sample: "success_rate holds: too few samples: 120 < 2000"
+store_reachable:
+  description: False when the rollout store could not be read, so nothing was evaluated.
+  returned: when O(endpoints) and O(epoch) are set and nothing else stopped the hold first
+  type: bool
 decision:
-  description: What the rollout does now, V(continue), V(complete), V(rollback) or V(pause).
+  description:
+    - What the rollout does now, V(continue), V(complete), V(rollback) or V(pause); or, without
+      a gate evaluation, V(paused) (someone paused the record), V(stopped) (the record is
+      finished) or V(fenced) (the fleet's fence rose above O(epoch)).
   returned: always
   type: str
   sample: continue
@@ -327,6 +370,7 @@ history_reset:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_guard
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
@@ -349,6 +393,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     read_json_file,
     write_json_atomic,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 COUNTERS = (
     "evaluations",
@@ -362,6 +407,28 @@ COUNTERS = (
 
 def _counters(history):
     return {key: history.get(key) for key in COUNTERS}
+
+
+def _stopped(params, stop, now):
+    """The result when the record or the fence stops the hold, or the store cannot be read:
+    no gate is evaluated and the history is not touched (time nobody watched is no hold)."""
+    decision, reason = stop
+    return {
+        "changed": False,
+        "verdict": "hold",
+        "reason": reason,
+        "decision": "continue" if decision == "store_unreachable" else decision,
+        "decision_reason": reason,
+        "store_reachable": decision != "store_unreachable",
+        "gates": [],
+        "rollout_id": params["rollout_id"],
+        "stage": params["stage"],
+        "weight": params["weight"],
+        "evaluated_at": format_timestamp(now),
+        "history_reset": False,
+        "state_file": params["state_file"],
+        "_diff": {"before": {}, "after": {}},
+    }
 
 
 def run(params, check_mode):
@@ -392,13 +459,20 @@ def run(params, check_mode):
         validate_certs=params["validate_certs"],
         ca_path=params["ca_path"],
     )
+    now = utc_now()
+    store = None
+    if params.get("endpoints"):
+        store = store_from_params(dict(params, timeout=params["store_timeout"]))
+    stop = rollout_guard.standing(params.get("record_path"), store, params.get("epoch"))
+    if stop is not None:
+        return _stopped(params, stop, now)
+
     stored = read_json_file(params["state_file"])
     if params["reset_history"]:
         history, replaced = new_history(params["rollout_id"], params["stage"]), stored is not None
     else:
         history, replaced = history_for_stage(stored, params["rollout_id"], params["stage"])
 
-    now = utc_now()
     evaluation = evaluate_gates(
         gates, client.query, placeholder_values(hold_started_at, now, window)
     )
@@ -460,6 +534,14 @@ def main():
             max_holds=dict(type="int", default=60),
             max_hold_extension=dict(type="raw", default="2h"),
             reset_history=dict(type="bool", default=False),
+            record_path=dict(type="path"),
+            epoch=dict(type="int"),
+            endpoints=dict(type="list", elements="str", default=[]),
+            ca_file=dict(type="path"),
+            cert_file=dict(type="path"),
+            key_file=dict(type="path", no_log=False),
+            store_timeout=dict(type="float", default=3.0),
+            prefix=dict(type="str", default="/zerolayer/"),
         ),
         supports_check_mode=True,
     )

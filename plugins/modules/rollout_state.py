@@ -71,6 +71,17 @@ options:
     description: With O(action=plan), replace the existing record with a new one.
     type: bool
     default: false
+  epoch:
+    description:
+      - With O(action=plan), the fleet's fence epoch now (M(zerolayer.fleet.rollout_fence)). A new
+        record keeps it as the epoch its weight writes carry.
+      - A rollout in progress that took an older epoch was rolled back or aborted since; resuming
+        it is refused, naming both epochs, unless O(take_epoch) is set.
+    type: int
+  take_epoch:
+    description: With O(action=plan), resume a fenced rollout on purpose under the new O(epoch).
+    type: bool
+    default: false
   stage:
     description: Stage index for O(action=stage_started), from 0.
     type: int
@@ -273,6 +284,8 @@ def run(params, check_mode):
                 params["restart"],
                 now,
                 actor,
+                epoch=params.get("epoch"),
+                take_epoch=params.get("take_epoch", False),
             )
         elif action == "status":
             after, changed = before, False
@@ -302,6 +315,8 @@ def main():
             schedule=dict(type="list", elements="dict"),
             gates=dict(type="list", elements="dict"),
             restart=dict(type="bool", default=False),
+            epoch=dict(type="int"),
+            take_epoch=dict(type="bool", default=False),
             stage=dict(type="int"),
             nodes=dict(type="dict"),
             verdict=dict(type="dict"),

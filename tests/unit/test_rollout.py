@@ -539,3 +539,62 @@ def test_module_sync_writes_the_same_codec_and_converges(tmp_path):
     second = rollout_state.run(params(node, "sync", record=plan["record"]), check_mode=False)
     assert (first["changed"], second["changed"]) == (True, False)
     assert node.read_bytes() == controller.read_bytes()
+
+
+# ---------------------------------------------------------------- the fence epoch
+
+
+def test_a_new_record_keeps_the_fence_epoch_it_was_planned_under():
+    record, changed, _note = r.plan(None, "chat-1", SHORT, None, False, at(0), ME, epoch=3)
+    assert changed and record["fence_epoch"] == 3
+    again, changed, note = r.plan(record, "chat-1", SHORT, None, False, at(5), ME, epoch=3)
+    assert (again, changed, note) == (record, False, "resumed")
+
+
+def test_resuming_under_a_higher_fence_is_refused_and_changes_nothing():
+    record, _changed, _note = r.plan(None, "chat-1", SHORT, None, False, at(0), ME, epoch=3)
+    kept = json.dumps(record, sort_keys=True)
+    with pytest.raises(FleetError) as refused:
+        r.plan(record, "chat-1", SHORT, None, False, at(9), ME, epoch=4)
+    assert refused.value.details == {"field": "epoch", "epoch": 3, "fence_epoch": 4}
+    assert "took fence epoch 3" in refused.value.message and "now 4" in refused.value.message
+    assert json.dumps(record, sort_keys=True) == kept
+
+
+def test_take_epoch_resumes_a_fenced_rollout_on_purpose():
+    record, _changed, _note = r.plan(None, "chat-1", SHORT, None, False, at(0), ME, epoch=3)
+    taken, changed, note = r.plan(record, "chat-1", SHORT, None, False, at(9), ME, epoch=4,
+                                  take_epoch=True)  # fmt: skip
+    assert (changed, note, taken["fence_epoch"]) == (True, "resumed", 4)
+    last = taken["transitions"][-1]
+    assert (last["action"], last["epoch"], last["previous_epoch"]) == ("epoch_taken", 4, 3)
+
+
+def test_a_record_from_before_the_store_adopts_the_epoch():
+    record = planned()
+    assert record["fence_epoch"] is None
+    adopted, changed, _note = r.plan(record, "chat-1", SHORT, None, False, at(9), ME, epoch=2)
+    assert changed and adopted["fence_epoch"] == 2
+
+
+def test_a_restart_takes_the_new_epoch():
+    record, _changed, _note = r.plan(None, "chat-1", SHORT, None, False, at(0), ME, epoch=3)
+    fresh, _changed, note = r.plan(record, "chat-1", SHORT, None, True, at(9), ME, epoch=4)
+    assert (note, fresh["fence_epoch"]) == ("restarted", 4)
+
+
+@pytest.mark.parametrize("bad", [-1, True, "4"])
+def test_a_bad_epoch_names_the_field(bad):
+    with pytest.raises(FleetError) as failed:
+        r.plan(None, "chat-1", SHORT, None, False, at(0), ME, epoch=bad)
+    assert failed.value.details["field"] == "epoch"
+
+
+def test_a_paused_rollout_cannot_start_its_next_stage():
+    record = holding()
+    record, _changed = step(record, "stage_completed", 800)
+    record, _changed = step(record, "pause", 801, reason="paused from another shell")
+    with pytest.raises(FleetError) as refused:
+        step(record, "stage_started", 802, stage=1)
+    assert refused.value.details["field"] == "action"
+    assert "paused from another shell" in refused.value.message

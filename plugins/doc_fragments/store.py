@@ -1,0 +1,35 @@
+# Copyright: zerolayer.fleet maintainers
+# Apache-2.0 (see LICENSE)
+"""Documentation shared by the modules that talk to the rollout store (etcd)."""
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  endpoints:
+    description:
+      - URLs of the rollout store's members (etcd's v3 JSON gateway on its client port), tried in
+        order, such as V(https://10.0.0.5:2379).
+    type: list
+    elements: str
+    required: true
+  ca_file:
+    description: CA certificate that signed the store's server certificates.
+    type: path
+  cert_file:
+    description: Client certificate of this identity (its CN is the store's user name).
+    type: path
+  key_file:
+    description: Private key of O(cert_file).
+    type: path
+  timeout:
+    description: Seconds to wait for each answer of the store.
+    type: float
+    default: 3.0
+  prefix:
+    description: Key prefix of the rollout store.
+    type: str
+    default: /zerolayer/
+requirements:
+  - Python's standard library only (urllib over TLS); no etcd client library.
+"""

@@ -1,0 +1,103 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The runner's heartbeat: keeps its lease on a rollout scope alive while the runner lives.
+
+A module returns long before a rollout ends, so the lease is kept alive by a small detached
+process tied to the runner, the `ansible-playbook` process that called the module. When
+the runner dies (kill -9 included) the heartbeat stops, and the lease expires on its own
+after its TTL: until then `status` shows the dead runner as the holder, as it should.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+
+
+def _stat(pid):
+    """(ppid, start time in clock ticks) of pid, or None when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), int(fields[19])
+
+
+def _argv(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return []
+
+
+def runner_process(start=None):
+    """(pid, start time) of the nearest ansible-playbook above start (default: this process);
+    the parent when there is none (an ad hoc command)."""
+    pid = start or os.getpid()
+    parent = None
+    while pid > 1:
+        stat = _stat(pid)
+        if stat is None:
+            break
+        if pid != (start or os.getpid()) and any(
+            os.path.basename(arg).startswith("ansible-playbook") for arg in _argv(pid)[:2]
+        ):
+            return pid, stat[1]
+        if parent is None and pid == (start or os.getpid()):
+            parent = stat[0]
+        pid = stat[0]
+    parent = parent or os.getppid()
+    stat = _stat(parent)
+    return parent, stat[1] if stat else 0
+
+
+def alive(pid, started):
+    stat = _stat(pid)
+    return stat is not None and stat[1] == started
+
+
+def beat(client, lease, runner, interval_s, sleep=time.sleep):
+    """Renew lease every interval_s while runner (pid, start time) lives; return why it ended."""
+    while True:
+        if not alive(*runner):
+            return "runner %d ended" % runner[0]
+        try:
+            if client.keep_alive(lease) <= 0:
+                return "lease %d released or expired" % lease
+        except StoreUnavailable:
+            pass  # the store may come back before the lease runs out: try again
+        except FleetError as exc:
+            return "lease %d: %s" % (lease, exc.message)
+        sleep(interval_s)
+
+
+def start_detached(client, lease, runner, interval_s):
+    """Fork the heartbeat off, detached from the module's session and streams; its pid."""
+    read_end, write_end = os.pipe()
+    first = os.fork()
+    if first:
+        os.close(write_end)
+        with os.fdopen(read_end) as pipe:
+            pid = int(pipe.read() or 0)
+        os.waitpid(first, 0)
+        return pid
+    try:
+        os.close(read_end)
+        os.setsid()
+        second = os.fork()
+        if second:
+            os.write(write_end, str(second).encode())
+            os._exit(0)
+        os.close(write_end)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.chdir("/")
+        beat(client, lease, runner, interval_s)
+    finally:
+        os._exit(0)

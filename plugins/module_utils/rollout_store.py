@@ -1,0 +1,192 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The rollout store's records: the fleet's fence epoch and the owner of a rollout scope.
+
+Keys under the store's prefix (default /zerolayer/):
+  fence            {"epoch", "action", "reason", "actor", "at"}: raised only by compare-and-swap
+  owners/<scope>   the runner that holds the scope, on a lease its heartbeat keeps alive
+  acks/<node>      what a node acknowledged (written by the node, with its own identity)
+
+Rollback and abort call raise_fence() before they touch a node; every weight write to a
+node carries the epoch its writer took (fence.py enforces it there). See
+docs/rollout-store.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
+    EtcdClient,
+    StoreUnavailable,
+)
+
+DEFAULT_PREFIX = "/zerolayer/"
+FENCE_ACTIONS = ("fast", "deep", "abort")
+CAS_ATTEMPTS = 8
+SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.:,!&*\[\]-]{1,200}$")
+
+
+class OwnerConflict(FleetError):
+    """Another runner holds the scope."""
+
+
+def store_options():
+    """The argument_spec entries of every module that talks to the rollout store."""
+    return {
+        "endpoints": {"type": "list", "elements": "str", "required": True},
+        "ca_file": {"type": "path"},
+        "cert_file": {"type": "path"},
+        "key_file": {"type": "path", "no_log": False},
+        "timeout": {"type": "float", "default": 3.0},
+        "prefix": {"type": "str", "default": DEFAULT_PREFIX},
+    }
+
+
+def store_from_params(params):
+    client = EtcdClient(
+        params["endpoints"],
+        params.get("ca_file"),
+        params.get("cert_file"),
+        params.get("key_file"),
+        params.get("timeout"),
+    )
+    return RolloutStore(client, params.get("prefix") or DEFAULT_PREFIX)
+
+
+def validate_scope(scope, field="scope"):
+    if not isinstance(scope, str) or not SCOPE_PATTERN.match(scope):
+        raise FleetError(
+            "%s must be 1-200 characters of an inventory pattern (letters, digits and "
+            "_ . : , ! & * [ ] -); got %r" % (field, scope),
+            {"field": field, "value": scope},
+        )
+    return scope
+
+
+def runner_identity(rollout_id, pid=None):
+    """Who a runner is, as a second runner is told: host, pid, rollout id, since."""
+    return {
+        "host": socket.gethostname(),
+        "pid": pid or os.getpid(),
+        "rollout_id": rollout_id,
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+class RolloutStore:
+    def __init__(self, client, prefix=DEFAULT_PREFIX):
+        if not prefix.startswith("/") or not prefix.endswith("/"):
+            raise FleetError(
+                "prefix must start and end with '/', e.g. %s; got %r" % (DEFAULT_PREFIX, prefix),
+                {"field": "prefix", "value": prefix},
+            )
+        self.client = client
+        self.prefix = prefix
+
+    def key(self, *parts):
+        return self.prefix + "/".join(parts)
+
+    # ------------------------------------------------------------ the fence
+
+    def fence(self):
+        """The fleet's fence: epoch 0 before the first rollback."""
+        kv = self.client.get(self.key("fence"))
+        if kv is None:
+            return {"epoch": 0, "mod_revision": 0}
+        fence = kv.json()
+        if not isinstance(fence, dict) or not isinstance(fence.get("epoch"), int):
+            raise FleetError(
+                "store key %s holds no fence epoch: %r" % (kv.key, fence), {"key": kv.key}
+            )
+        fence["mod_revision"] = kv.mod_revision
+        return fence
+
+    def raise_fence(self, action, reason, actor, at_least=0):
+        """One compare-and-swap: epoch = max(current, at_least) + 1. Returns the new fence.
+
+        at_least lets a rollback that had to fence the nodes without the store (their own
+        epoch + 1) bring the store above what the nodes saw once it is back.
+        """
+        if action not in FENCE_ACTIONS:
+            raise FleetError(
+                "action must be one of %s; got %r" % (", ".join(FENCE_ACTIONS), action),
+                {"field": "action", "value": action},
+            )
+        if isinstance(at_least, bool) or not isinstance(at_least, int) or at_least < 0:
+            raise FleetError(
+                "at_least must be a whole number >= 0; got %r" % (at_least,),
+                {"field": "at_least", "value": at_least},
+            )
+        for _attempt in range(CAS_ATTEMPTS):
+            current = self.fence()
+            raised = {
+                "epoch": max(current["epoch"], at_least) + 1,
+                "action": action,
+                "reason": reason,
+                "actor": actor,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "at_unix": round(time.time(), 3),
+            }
+            done, _now = self.client.put_if(self.key("fence"), raised, current["mod_revision"])
+            if done:
+                return raised
+        raise FleetError(
+            "the fence changed under %d attempts to raise it; another rollback is raising it "
+            "too. Read it again with zerolayer.fleet.rollout_fence action=read" % CAS_ATTEMPTS,
+            {"field": "fence"},
+        )
+
+    # ------------------------------------------------------------ one owner per scope
+
+    def owner(self, scope):
+        """The holder of scope with its lease's seconds left, or None."""
+        kv = self.client.get(self.key("owners", validate_scope(scope)))
+        if kv is None:
+            return None
+        holder = kv.json()
+        holder["lease"] = kv.lease
+        holder["ttl_left_s"] = self.client.lease_ttl(kv.lease) if kv.lease else -1
+        return holder
+
+    def acquire(self, scope, identity, ttl_s):
+        """Take scope for identity on a new lease; OwnerConflict names the holder."""
+        scope = validate_scope(scope)
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 5 <= ttl_s <= 3600:
+            raise FleetError(
+                "ttl must be whole seconds from 5 to 3600; got %r" % (ttl_s,),
+                {"field": "ttl", "value": ttl_s},
+            )
+        lease = self.client.grant_lease(ttl_s)
+        holder = dict(identity, lease=lease, ttl_s=ttl_s)
+        done, current = self.client.put_if(self.key("owners", scope), holder, 0, lease=lease)
+        if done:
+            return holder
+        self.client.revoke_lease(lease)
+        other = current.json() if current is not None else {}
+        left = self.client.lease_ttl(current.lease) if current is not None and current.lease else -1
+        raise OwnerConflict(
+            "scope %s is held by another runner: host %s, pid %s, rollout %s, since %s (its "
+            "lease has %s s left; a runner that died lets it expire). Nothing was changed."
+            % (
+                scope,
+                other.get("host"),
+                other.get("pid"),
+                other.get("rollout_id"),
+                other.get("since"),
+                left,
+            ),
+            {"field": "scope", "holder": other, "ttl_left_s": left},
+        )
+
+    def release(self, scope, lease):
+        """Give scope up: revoking the lease removes the owner key with it."""
+        validate_scope(scope)
+        self.client.revoke_lease(int(lease))
+
+
+__all__ = ["OwnerConflict", "RolloutStore", "StoreUnavailable", "store_from_params"]

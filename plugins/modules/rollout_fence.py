@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: rollout_fence
+short_description: Read or raise the fleet's fence epoch in the rollout store
+description:
+  - The fence epoch is the fleet's rollback counter, kept in the rollout store (etcd). A rollback
+    or an abort raises it, in one compare-and-swap, before it touches any node; every weight write
+    to a node carries the epoch its writer took, and the node refuses a raise of traffic with an
+    older epoch (see M(zerolayer.fleet.route) O(zerolayer.fleet.route#module:epoch)).
+  - V(read) returns the fence. V(raise) raises it and returns the new one.
+  - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
+    V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
+    so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
+version_added: 0.2.0
+author:
+  - Zerolayer Fleet Maintainers (@zerolayer)
+options:
+  action:
+    description: Read the fence, or raise it.
+    type: str
+    choices: [read, raise]
+    default: read
+  rollback_mode:
+    description: What raised the fence, recorded with it; V(abort) is a canary abort.
+    type: str
+    choices: [fast, deep, abort]
+    default: fast
+  reason:
+    description: Why, recorded with the fence and shown to whoever the fence stops.
+    type: str
+    default: requested
+  actor:
+    description: Who raised it; defaults to the controller user at the controller host.
+    type: str
+  at_least:
+    description:
+      - The new epoch is above both the store's and this, for a rollback that fenced the nodes
+        without the store (their epochs are then known from their answers).
+    type: int
+    default: 0
+  require_store:
+    description: With V(raise), fail when the store cannot be reached instead of reporting it.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - zerolayer.fleet.store
+attributes:
+  check_mode:
+    description: In check mode V(raise) reads the fence and returns the epoch it would write.
+    support: full
+  diff_mode:
+    description: Returns the fence before and after in diff mode.
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Raise the fence before any node is touched
+  zerolayer.fleet.rollout_fence:
+    action: raise
+    rollback_mode: fast
+    reason: p99 latency page
+    endpoints: ["https://10.0.0.5:2379"]
+    ca_file: /etc/zerolayer/pki/ca.pem
+    cert_file: /etc/zerolayer/pki/controller.pem
+    key_file: /etc/zerolayer/pki/controller-key.pem
+  register: fence
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+fence:
+  description: The fence after the call (epoch 0 before the first rollback); null when the store
+    could not be reached.
+  returned: always
+  type: dict
+  sample:
+    epoch: 4
+    action: fast
+    reason: p99 latency page
+    actor: ops@ctl-1
+    at: "2026-12-01T10:02:03Z"
+store_updated:
+  description: Whether the store holds the raised fence (V(raise) only).
+  returned: always
+  type: bool
+store_error:
+  description: Why the store could not be reached, when it could not.
+  returned: when the store could not be reached
+  type: str
+"""
+
+import getpass
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    StoreUnavailable,
+    store_from_params,
+    store_options,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type="str", choices=["read", "raise"], default="read"),
+            rollback_mode=dict(type="str", choices=["fast", "deep", "abort"], default="fast"),
+            reason=dict(type="str", default="requested"),
+            actor=dict(type="str"),
+            at_least=dict(type="int", default=0),
+            require_store=dict(type="bool", default=False),
+            **store_options(),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    actor = params["actor"] or "%s@%s" % (getpass.getuser(), socket.gethostname())
+    before = None
+    try:
+        store = store_from_params(params)
+        before = store.fence()
+        if params["action"] == "read":
+            module.exit_json(changed=False, fence=before, store_updated=False)
+        if module.check_mode:
+            after = dict(before, epoch=max(before["epoch"], params["at_least"]) + 1)
+        else:
+            after = store.raise_fence(
+                params["rollback_mode"], params["reason"], actor, params["at_least"]
+            )
+    except StoreUnavailable as exc:
+        if params["action"] == "read" or params["require_store"]:
+            module.fail_json(**exc.fail_json_kwargs())
+        module.exit_json(changed=False, fence=None, store_updated=False, store_error=exc.message)
+    except FleetError as exc:
+        module.fail_json(**exc.fail_json_kwargs())
+    output = {"changed": True, "fence": after, "store_updated": not module.check_mode}
+    if module._diff:
+        output["diff"] = {"before": before, "after": after}
+    module.exit_json(**output)
+
+
+if __name__ == "__main__":
+    main()
