@@ -1,0 +1,159 @@
+"""The rollout store against a real etcd: the v3 JSON gateway client, the fence raised by
+compare-and-swap, one owner per scope on a lease, the heartbeat tied to its runner."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
+    EtcdClient,
+    StoreUnavailable,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    OwnerConflict,
+    runner_identity,
+)
+
+
+def test_compare_and_swap_writes_only_on_the_revision_it_read(store):
+    client, key = store.client, store.key("cas")
+    assert client.put_if(key, {"n": 1}, 0) == (True, None)
+    first = client.get(key)
+    assert client.put_if(key, {"n": 2}, first.mod_revision)[0] is True
+    lost, current = client.put_if(key, {"n": 3}, first.mod_revision)
+    assert lost is False and current.json() == {"n": 2}, "the stale writer sees what won"
+    assert client.put_if(key, {"n": 4}, 0)[0] is False, "create-only fails once it exists"
+
+
+def test_the_fence_starts_at_zero_and_each_raise_goes_one_up(store):
+    assert store.fence()["epoch"] == 0
+    first = store.raise_fence("fast", "p99 page", "sre@ctl")
+    assert (first["epoch"], first["action"], first["actor"]) == (1, "fast", "sre@ctl")
+    assert store.raise_fence("deep", "still bad", "sre@ctl")["epoch"] == 2
+    assert store.raise_fence("abort", "nodes fenced alone", "sre@ctl", at_least=7)["epoch"] == 8
+    kept = store.fence()
+    assert kept["epoch"] == 8 and kept["reason"] == "nodes fenced alone"
+
+
+def test_concurrent_raises_each_get_their_own_epoch(store):
+    epochs, errors = [], []
+
+    def raise_once():
+        try:
+            epochs.append(store.raise_fence("fast", "race", "t")["epoch"])
+        except FleetError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=raise_once) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert sorted(epochs) == [1, 2, 3, 4, 5, 6], "no two raisers wrote the same epoch"
+    assert store.fence()["epoch"] == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [(("rollback", "r", "a"), "action"), (("fast", "r", "a", -1), "at_least")],
+)
+def test_a_bad_raise_names_the_field_and_changes_nothing(store, args, field):
+    with pytest.raises(FleetError) as failed:
+        store.raise_fence(*args)
+    assert failed.value.details["field"] == field
+    assert store.fence() == {"epoch": 0, "mod_revision": 0}
+
+
+def test_a_second_runner_is_refused_naming_the_holder(store):
+    mine = store.acquire("gpu_nodes", runner_identity("chat-a", 1111), 10)
+    with pytest.raises(OwnerConflict) as refused:
+        store.acquire("gpu_nodes", runner_identity("chat-b", 2222), 10)
+    message = refused.value.message
+    assert "pid 1111" in message and "rollout chat-a" in message and "since" in message
+    assert refused.value.details["holder"]["rollout_id"] == "chat-a"
+    assert store.owner("gpu_nodes")["rollout_id"] == "chat-a", "the refusal changed nothing"
+    store.release("gpu_nodes", mine["lease"])
+    assert store.owner("gpu_nodes") is None
+    assert store.acquire("gpu_nodes", runner_identity("chat-b", 2222), 10)["rollout_id"] == "chat-b"
+
+
+@pytest.mark.parametrize(("scope", "ttl"), [("gpu nodes", 10), ("gpu_nodes", 2), ("", 10)])
+def test_bad_owner_input_names_the_field(store, scope, ttl):
+    with pytest.raises(FleetError) as failed:
+        store.acquire(scope, runner_identity("x"), ttl)
+    assert failed.value.details["field"] in ("scope", "ttl")
+
+
+def test_the_heartbeat_keeps_the_lease_while_its_runner_lives_and_lets_it_expire_after(store):
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)  # fmt: skip
+    try:
+        held = store.acquire("wave_a", runner_identity("chat-a", runner.pid), 5)
+        identity = heartbeat.runner_process(runner.pid)
+        started = heartbeat._stat(runner.pid)[1]
+        assert identity[0] != runner.pid or identity[1] == started
+        beating = heartbeat.start_detached(store.client, held["lease"], (runner.pid, started), 1.0)
+        time.sleep(7)  # longer than the TTL: only the heartbeat keeps it
+        assert store.owner("wave_a")["pid"] == runner.pid, "alive runner, renewed lease"
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=10)
+        # The dead runner stays visible until its lease runs out, then the scope is free.
+        assert store.owner("wave_a") is not None
+        deadline = time.monotonic() + 15
+        while store.owner("wave_a") is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert store.owner("wave_a") is None, "the lease expired after the runner died"
+        deadline = time.monotonic() + 5
+        while heartbeat._stat(beating) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert heartbeat._stat(beating) is None or "Z" in open("/proc/%d/stat" % beating).read()
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait(timeout=10)
+
+
+def test_watch_delivers_a_change_of_the_fence(store):
+    seen = []
+
+    def watch():
+        for events in store.client.watch(store.key("fence"), timeout=10):
+            seen.extend(kv.json()["epoch"] for kv in events)
+            return
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    time.sleep(0.5)
+    store.raise_fence("fast", "watched", "t")
+    watcher.join(timeout=15)
+    assert seen == [1]
+
+
+def test_an_unreachable_store_says_so():
+    client = EtcdClient(["http://127.0.0.1:9", "http://127.0.0.1:10"], timeout=1)
+    with pytest.raises(StoreUnavailable) as failed:
+        client.get("/zerolayer/fence")
+    assert "127.0.0.1:9" in failed.value.message and "127.0.0.1:10" in failed.value.message
+
+
+@pytest.mark.parametrize("endpoints", [[], ["127.0.0.1:2379"], ["ftp://x"]])
+def test_bad_endpoints_name_the_field(endpoints):
+    with pytest.raises(FleetError) as failed:
+        EtcdClient(endpoints)
+    assert failed.value.details["field"] == "endpoints"
+
+
+def test_a_value_that_is_not_json_names_its_key(store):
+    store.client.put(store.key("fence"), "not json")
+    with pytest.raises(FleetError) as failed:
+        store.fence()
+    assert failed.value.details["key"] == store.key("fence")
+    json.dumps(failed.value.details)
