@@ -6,7 +6,6 @@ sockets are real. Requests are made inside the node with curl, verifying the cer
 
 import json
 import shlex
-import time
 
 import pytest
 
@@ -16,7 +15,6 @@ ENGINE_PORT = 8101
 CA = "/etc/nginx/zerolayer/tls.crt"
 ADMIN_FILE = "/etc/zerolayer/engines/chat_sim/sim-admin.json"
 UNAUTHORIZED = '{"error":"Unauthorized"}'
-RESTART_DEADLINE_S = 120
 
 
 def request(host, port, path, *options, authorization=None):
@@ -169,14 +167,22 @@ def test_engine_errors_pass_through_the_proxy(host):
     assert chat(host)[0] == 200
 
 
-def test_restart_takes_seconds_and_serves_again(host):
-    started = time.monotonic()
+def nginx_state(host):
+    result = host.run("systemctl show --property=MainPID,ActiveState,SubState nginx.service")
+    assert result.rc == 0, result.stderr
+    return dict(line.partition("=")[::2] for line in result.stdout.splitlines())
+
+
+def test_restart_brings_up_a_new_nginx_that_serves_at_once(host):
+    """A restart is done when systemctl returns: a new master process owns the service
+    port and answers, with no wait after it (a unit that went active before nginx listened
+    would fail here). How long it took is not a test's business on a shared machine."""
+    before = nginx_state(host)
+    assert before["ActiveState"] == "active", before
     assert host.run("systemctl restart nginx").rc == 0
-    elapsed = time.monotonic() - started
-    # Reported, not asserted: the test machine is shared and its timing is noisy.
-    print("nginx restart took %.2f s" % elapsed)
-    deadline = time.monotonic() + RESTART_DEADLINE_S
-    while not host.socket("tcp://0.0.0.0:%d" % SERVICE_PORT).is_listening:
-        assert time.monotonic() < deadline, "nginx did not listen again after a restart"
-        time.sleep(0.2)
+    after = nginx_state(host)
+    assert (after["ActiveState"], after["SubState"]) == ("active", "running"), after
+    assert after["MainPID"] not in ("0", before["MainPID"]), (before, after)
+    owners = host.run("ss -Hltnp 'sport = :%d'" % SERVICE_PORT).stdout
+    assert "pid=%s," % after["MainPID"] in owners, owners
     assert chat(host)[0] == 200

@@ -350,8 +350,9 @@ def test_vllm_unit_maps_the_spec_to_flags(host):
         "--disable-fastapi-docs",
     ):
         assert flag in argv, flag
-    # One key travels in VLLM_API_KEY, never on the command line; no TLS in this scenario.
-    assert "--api-key" not in argv and KEY not in argv and "--ssl-keyfile" not in argv
+    # One key travels in VLLM_API_KEY (test_api_key_never_reaches_an_engine_command_line
+    # reads the started process); no TLS in this scenario.
+    assert "--api-key" not in argv and "--ssl-keyfile" not in argv
 
 
 def test_vllm_key_file_is_root_only(host):
@@ -397,7 +398,6 @@ def test_triton_unit_runs_the_container_with_the_gpu(host):
     deps = unit_properties(host, unit, "Requires", "After")
     assert "zerolayer-mps@embed_triton.service" in deps["Requires"].split()
     assert "zerolayer-mps@embed_triton.service" in deps["After"].split()
-    assert KEY not in argv
     io_weight = unit_properties(host, "zerolayer-engine-embed_triton.slice", "IOWeight")
     assert io_weight["IOWeight"] == "50"
 
@@ -489,3 +489,71 @@ def test_engine_start_brings_up_its_mps_instance_first(host):
         engine["InactiveExitTimestampMonotonic"]
     )
     assert chat(host)[0] == 200
+
+
+# -- the API key in the engines' real processes ----------------------------------------
+
+VLLM_UNIT = "zerolayer-engine-llama_vllm.service"
+VLLM_VENV = "/opt/zerolayer/engines/llama_vllm/venv"
+# TEST DOUBLE of vLLM's `vllm` command, installed for one test and removed after it: it
+# only waits, so the test reads the arguments and environment systemd started it with.
+VLLM_DOUBLE = """#!/usr/bin/python3
+# TEST DOUBLE of vLLM (zerolayer.fleet molecule model_engine): waits until stopped.
+import time
+while True:
+    time.sleep(60)
+"""
+
+
+def process_of(host, unit):
+    """argv and environment of the unit's main process, read from /proc as root."""
+    main_pid = unit_properties(host, unit, "MainPID")["MainPID"]
+    assert main_pid != "0", "%s has no main process" % unit
+    with host.sudo():
+        argv = host.run("cat /proc/%s/cmdline", main_pid).stdout.split("\0")
+        raw = host.run("cat /proc/%s/environ", main_pid).stdout
+    return argv, dict(pair.split("=", 1) for pair in raw.split("\0") if "=" in pair)
+
+
+@pytest.fixture
+def vllm_double(host):
+    existed = host.file(VLLM_VENV).exists
+    binary = VLLM_VENV + "/bin/vllm"
+    installed = host.run(
+        "mkdir -p %s && printf '%%s' %s > %s && chmod 0755 %s",
+        VLLM_VENV + "/bin",
+        VLLM_DOUBLE,
+        binary,
+        binary,
+    )
+    assert installed.rc == 0, installed.stderr
+    try:
+        yield binary
+    finally:
+        host.run("systemctl stop %s zerolayer-mps@llama_vllm.service", VLLM_UNIT)
+        host.run("systemctl reset-failed %s", VLLM_UNIT)
+        host.run("rm -rf %s", VLLM_VENV if not existed else binary)
+
+
+def test_api_key_never_reaches_an_engine_command_line(host, vllm_double):
+    """The key must not be in any process's arguments (world-readable in /proc): read the
+    arguments systemd really gave the running simulator, and those of the vLLM unit started
+    with a stand-in executable, after systemd expanded its environment files."""
+    argv, environment = process_of(host, SIM + ".service")
+    assert "--api-keys-file" in argv, argv
+    assert not [arg for arg in argv if KEY in arg], argv
+
+    assert host.run("systemctl start --no-block %s", VLLM_UNIT).rc == 0
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while True:
+        main_pid = unit_properties(host, VLLM_UNIT, "MainPID")["MainPID"]
+        if main_pid != "0":
+            argv, environment = process_of(host, VLLM_UNIT)
+            if vllm_double in argv:  # exec'd, no longer systemd's fork
+                break
+        assert time.monotonic() < deadline, "%s never ran its executable" % VLLM_UNIT
+        time.sleep(0.5)
+    assert argv[argv.index(vllm_double) + 1 :][:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert not [arg for arg in argv if KEY in arg], argv
+    # The key reaches the engine, by its environment.
+    assert environment.get("VLLM_API_KEY") == KEY
