@@ -13,15 +13,18 @@ from __future__ import annotations
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 
-# Decisions that end the runner's hold without a gate evaluation.
-STOPS = ("paused", "stopped", "fenced")
+# Decisions that end the runner's hold without a gate evaluation and stop it there.
+STOPS = ("paused", "stopped", "fenced", "moved")
 
 
-def record_standing(record_path):
+def record_standing(records, stage=None):
     """(decision, reason) when the record says the rollout no longer runs, else None."""
-    if not record_path:
+    if records is None:
         return None
-    record = rollout.read_record(record_path)
+    try:
+        record, _token = records.read()
+    except StoreUnavailable as exc:
+        return ("store_unreachable", exc.message)
     if record is None:
         return None
     if record["outcome"] == "paused" or record.get("paused"):
@@ -33,6 +36,21 @@ def record_standing(record_path):
         )
     if record["outcome"] in rollout.FINISHED:
         return ("stopped", "the rollout is %s" % record["outcome"])
+    if stage is not None and record["stage"]["index"] != stage:
+        last = record["transitions"][-1]
+        return (
+            "moved",
+            "%s by %s at %s moved the rollout to stage %d; run canary.yml to carry on from there"
+            % (last["action"], last.get("by", "someone"), last.get("at", "?"),
+               record["stage"]["index"] + 1),
+        )  # fmt: skip
+    if stage is not None and record["stage"]["status"] == "completed":
+        last = record["transitions"][-1]
+        return (
+            "complete",
+            "%s by %s at %s ended the hold" % (last["action"], last.get("by", "someone"),
+                                             last.get("at", "?")),
+        )  # fmt: skip
     return None
 
 
@@ -61,6 +79,7 @@ def fence_standing(store, epoch):
     return None
 
 
-def standing(record_path, store, epoch):
-    """The first reason to stop (or to wait for the store), or None to go on."""
-    return fence_standing(store, epoch) or record_standing(record_path)
+def standing(records, store, epoch, stage=None):
+    """The first reason to stop, to end the hold (a person promoted it), or to wait for the
+    store; None to go on. stage is the index the runner holds."""
+    return fence_standing(store, epoch) or record_standing(records, stage)

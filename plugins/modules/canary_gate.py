@@ -155,6 +155,11 @@ options:
         it says paused (a person paused it from elsewhere) or finished, no gate is evaluated and
         RV(decision) is V(paused) or V(stopped).
     type: path
+  record_key:
+    description:
+      - With a rollout store (O(endpoints)), the rollout's record there, V(<rollout_id>/<wave>),
+        read before every evaluation instead of O(record_path).
+    type: str
   epoch:
     description:
       - The fence epoch this runner took at its start. Before every evaluation the fleet's fence is
@@ -393,6 +398,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     read_json_file,
     write_json_atomic,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+    FileRecords,
+    StoreRecords,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 COUNTERS = (
@@ -460,10 +469,14 @@ def run(params, check_mode):
         ca_path=params["ca_path"],
     )
     now = utc_now()
-    store = None
+    store, records = None, None
     if params.get("endpoints"):
         store = store_from_params(dict(params, timeout=params["store_timeout"]))
-    stop = rollout_guard.standing(params.get("record_path"), store, params.get("epoch"))
+        if params.get("record_key"):
+            records = StoreRecords(store, params["record_key"])
+    elif params.get("record_path"):
+        records = FileRecords(params["record_path"])
+    stop = rollout_guard.standing(records, store, params.get("epoch"), params["stage"])
     if stop is not None:
         return _stopped(params, stop, now)
 
@@ -535,6 +548,7 @@ def main():
             max_hold_extension=dict(type="raw", default="2h"),
             reset_history=dict(type="bool", default=False),
             record_path=dict(type="path"),
+            record_key=dict(type="str"),
             epoch=dict(type="int"),
             endpoints=dict(type="list", elements="str", default=[]),
             ca_file=dict(type="path"),

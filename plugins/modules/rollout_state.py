@@ -28,9 +28,38 @@ author:
   - Zerolayer Fleet Maintainers (@zerolayer)
 options:
   path:
-    description: The record file.
+    description:
+      - The record file, when no rollout store is given (O(endpoints) empty), and always for
+        O(action=sync) (a node's copy).
     type: path
-    required: true
+  record_key:
+    description:
+      - With a rollout store, the record's key under C(<prefix>rollouts/), V(<rollout_id>/<wave>).
+        Every write is a compare-and-swap on the revision read: a record another actor changed
+        in between is not overwritten, the action fails naming who changed it.
+    type: str
+  endpoints:
+    description: URLs of the rollout store (etcd) holding the records; empty, O(path) holds it.
+    type: list
+    elements: str
+    default: []
+  ca_file:
+    description: CA certificate of the rollout store.
+    type: path
+  cert_file:
+    description: Client certificate for the rollout store.
+    type: path
+  key_file:
+    description: Private key of O(cert_file).
+    type: path
+  timeout:
+    description: Seconds to wait for the rollout store.
+    type: float
+    default: 3.0
+  prefix:
+    description: Key prefix of the rollout store.
+    type: str
+    default: /zerolayer/
   action:
     description:
       - V(plan) creates or loads the record; V(status) reads it and changes nothing.
@@ -257,7 +286,7 @@ lagging_nodes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_records
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
 
@@ -269,12 +298,15 @@ def run(params, check_mode):
     action = params["action"]
     path = params["path"]
     note = None
+    records = None
     if action == "sync":
+        # A node's copy: always the file at path, whatever the controller's records are in.
         after = rollout.decode_record(params["record"], "record")
         before = rollout.read_json_file(path)
         changed = before != after
     else:
-        before = rollout.read_record(path)
+        records = rollout_records.records_from_params(params)
+        before, token = records.read()
         if action == "plan":
             after, changed, note = rollout.plan(
                 before,
@@ -292,7 +324,10 @@ def run(params, check_mode):
         else:
             after, changed = rollout.apply(before, action, params, now, actor)
     if changed and not check_mode:
-        rollout.write_record(path, after)
+        if records is None:
+            rollout.write_record(path, after)
+        else:
+            records.write(after, token)
     result = {
         "changed": changed,
         "record": after,
@@ -309,7 +344,14 @@ def run(params, check_mode):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type="path", required=True),
+            path=dict(type="path"),
+            record_key=dict(type="str"),
+            endpoints=dict(type="list", elements="str", default=[]),
+            ca_file=dict(type="path"),
+            cert_file=dict(type="path"),
+            key_file=dict(type="path", no_log=False),
+            timeout=dict(type="float", default=3.0),
+            prefix=dict(type="str", default="/zerolayer/"),
             action=dict(type="str", required=True, choices=list(rollout.ACTIONS)),
             rollout_id=dict(type="str"),
             schedule=dict(type="list", elements="dict"),
@@ -330,7 +372,7 @@ def main():
             ("action", "stage_started", ["stage"]),
             ("action", "weight_confirmed", ["nodes"]),
             ("action", "verdict", ["verdict"]),
-            ("action", "sync", ["record"]),
+            ("action", "sync", ["record", "path"]),
         ],
         supports_check_mode=True,
     )

@@ -1,0 +1,263 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""`zerolayer rollout ...`: the operator's command over the rollout store.
+
+  zerolayer rollout status [ID] [-w] [-o json]
+  zerolayer rollout pause ID [--wave W] [--reason TEXT]
+  zerolayer rollout resume ID [--wave W]
+  zerolayer rollout promote ID [--full] [--wave W]
+  zerolayer rollout abort ID [--reason TEXT] [-i INVENTORY]
+  zerolayer rollout history ID
+
+The store is named by --store-config (a JSON file: endpoints, ca_file, cert_file, key_file,
+prefix), by $ZEROLAYER_STORE_CONFIG, or by --endpoints and the TLS options.
+
+Exit status: 0 done; 2 bad input (unknown rollout or wave, a bad option: the message names
+it and lists the known ones); 3 the store cannot be reached; 4 refused by the rollout's
+state (promote on a finished rollout, resume of a fenced one); 5 abort raised the fence but
+the push to the nodes failed; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_ops
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
+
+EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
+OUTCOME_EXIT = {"bad_input": EXIT_BAD_INPUT, "refused": EXIT_REFUSED}
+CONFIG_ENV = "ZEROLAYER_STORE_CONFIG"
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser():
+    parser = _Parser(prog="zerolayer", description="Operate rollouts through the rollout store.")
+    parser.add_argument("--store-config", default=os.environ.get(CONFIG_ENV))
+    parser.add_argument("--endpoints", action="append", default=[])
+    parser.add_argument("--ca-file")
+    parser.add_argument("--cert-file")
+    parser.add_argument("--key-file")
+    parser.add_argument("--prefix", default=None)
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    top = parser.add_subparsers(dest="noun", metavar="rollout", parser_class=_Parser)
+    top.required = True
+    noun = top.add_parser("rollout", help="status, pause, resume, promote, abort, history")
+    verbs = noun.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
+    verbs.required = True
+
+    status = verbs.add_parser("status", help="fence, owners, each wave and node")
+    status.add_argument("rollout_id", nargs="?")
+    status.add_argument("-w", "--watch", action="store_true", help="redraw until interrupted")
+    status.add_argument("--interval", type=float, default=2.0)
+    status.add_argument("--count", type=int, default=0, help="with -w: stop after N draws")
+    for name in ("pause", "resume", "promote"):
+        verb = verbs.add_parser(name)
+        verb.add_argument("rollout_id")
+        verb.add_argument("--wave")
+        verb.add_argument("--reason", default="by request (zerolayer rollout %s)" % name)
+        if name == "promote":
+            verb.add_argument("--full", action="store_true", help="every wave to 100 %% now")
+    abort = verbs.add_parser("abort", help="raise the fence, mark aborted, push weight 0")
+    abort.add_argument("rollout_id")
+    abort.add_argument("--reason", default="by request (zerolayer rollout abort)")
+    abort.add_argument(
+        "-i", "--inventory", help="push weight 0 to the nodes with rollback.yml (recommended)"
+    )
+    history = verbs.add_parser("history", help="who did what, when, why")
+    history.add_argument("rollout_id")
+    return parser
+
+
+def _store(args):
+    params = {"endpoints": [], "prefix": None}
+    if args.store_config:
+        try:
+            with open(args.store_config) as handle:
+                params.update(json.load(handle))
+        except (OSError, ValueError) as exc:
+            raise FleetError(
+                "store config %s cannot be read: %s" % (args.store_config, exc),
+                {"field": "store_config", "outcome": "bad_input"},
+            ) from None
+    for option in ("ca_file", "cert_file", "key_file", "prefix"):
+        if getattr(args, option):
+            params[option] = getattr(args, option)
+    if args.endpoints:
+        params["endpoints"] = args.endpoints
+    if not params["endpoints"]:
+        raise FleetError(
+            "no rollout store given: use --store-config FILE, $%s or --endpoints URL" % CONFIG_ENV,
+            {"field": "endpoints", "outcome": "bad_input"},
+        )
+    return store_from_params(params)
+
+
+def _actor():
+    return "%s@%s" % (getpass.getuser(), socket.gethostname())
+
+
+def render_status(report):
+    fence = report["fence"]
+    lines = [
+        "fence epoch %d%s"
+        % (
+            fence["epoch"],
+            " (%s by %s at %s: %s)"
+            % (fence.get("action"), fence.get("actor"), fence.get("at"), fence.get("reason"))
+            if fence["epoch"]
+            else "",
+        )
+    ]
+    for scope, holder in sorted(report["owners"].items()):
+        lines.append(
+            "owner of %s: %s pid %s, rollout %s, since %s, lease %s s left"
+            % (scope, holder.get("host"), holder.get("pid"), holder.get("rollout_id"),
+               holder.get("since"), holder.get("ttl_left_s"))
+        )  # fmt: skip
+    header = "%-18s %-12s %-10s %-7s %7s %-9s %8s %-6s %s" % (
+        "ROLLOUT", "WAVE", "OUTCOME", "STAGE", "WEIGHT", "VERDICT", "HOLD_S", "EPOCH", "NODES",
+    )  # fmt: skip
+    lines.append(header)
+    for rollout_id, waves in sorted(report["rollouts"].items()):
+        for wave, row in waves.items():
+            nodes = ", ".join(
+                "%s %s%%" % (node, entry.get("weight"))
+                for node, entry in sorted(row["nodes"].items())
+            )
+            lines.append(
+                "%-18s %-12s %-10s %-7s %7s %-9s %8s %-6s %s"
+                % (
+                    rollout_id[:18],
+                    wave[:12],
+                    "fenced" if row["fenced"] else row["outcome"],
+                    "%d/%d" % (row["stage_number"], row["stage_count"]),
+                    row["weight"],
+                    row["last_verdict"] or "-",
+                    row["hold_remaining_s"],
+                    row["fence_epoch_taken"] if row["fence_epoch_taken"] is not None else "-",
+                    nodes or "-",
+                )
+            )
+            if row["last_gates"]:
+                lines.append(
+                    "%-18s   gates: %s"
+                    % ("", ", ".join("%s %s" % item for item in sorted(row["last_gates"].items())))
+                )
+    return "\n".join(lines)
+
+
+def _push_abort(inventory, epoch, reason):
+    """rollback.yml at the epoch abort raised; its exit status."""
+    argv = [
+        os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+        "-i", inventory,
+        os.path.join(REPO, "playbooks", "rollback.yml"),
+        "-e", json.dumps({"rollback_fence_epoch": epoch, "rollback_reason": reason}),
+    ]  # fmt: skip
+    return subprocess.run(argv, check=False).returncode
+
+
+def _emit(args, payload, text):
+    if args.output == "json":
+        sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def run(argv):
+    args = build_parser().parse_args(argv)
+    store = _store(args)
+    verb = args.verb
+    if verb == "status":
+        draws = 0
+        while True:
+            report = rollout_ops.status(store, args.rollout_id)
+            if args.watch and args.output == "table":
+                sys.stdout.write("\x1b[2J\x1b[H")
+            _emit(args, report, render_status(report))
+            draws += 1
+            if not args.watch or (args.count and draws >= args.count):
+                return EXIT_OK
+            time.sleep(args.interval)
+    if verb == "history":
+        entries = rollout_ops.history(store, args.rollout_id)
+        text = "\n".join(
+            "%s  %-10s %-16s %-24s %s"
+            % (e.get("at"), e["wave"], e["action"], e.get("by", ""), e.get("reason") or "")
+            for e in entries
+        )
+        _emit(args, {"history": entries}, text)
+        return EXIT_OK
+    if verb == "abort":
+        result = rollout_ops.abort(store, args.rollout_id, args.reason, _actor())
+        status = EXIT_OK
+        if args.inventory:
+            result["push_rc"] = _push_abort(args.inventory, result["fence"]["epoch"], args.reason)
+            status = EXIT_OK if result["push_rc"] == 0 else EXIT_PUSH_FAILED
+        _emit(
+            args,
+            result,
+            "fence raised to epoch %d; waves: %s%s"
+            % (
+                result["fence"]["epoch"],
+                ", ".join("%s %s" % (n, w["outcome"]) for n, w in sorted(result["waves"].items())),
+                ""
+                if args.inventory
+                else "; push weight 0 with: ansible-playbook "
+                "playbooks/rollback.yml -e rollback_fence_epoch=%d" % result["fence"]["epoch"],
+            ),
+        )
+        return status
+    if verb == "promote":
+        done = rollout_ops.promote(
+            store, args.rollout_id, args.reason, _actor(), full=args.full, wave=args.wave
+        )
+    else:
+        done = getattr(rollout_ops, verb)(
+            store, args.rollout_id, args.reason, _actor(), wave=args.wave
+        )
+    _emit(
+        args,
+        {"action": verb, "waves": done},
+        "%s: %s" % (verb, ", ".join("%s %s" % (n, w["outcome"]) for n, w in sorted(done.items()))),
+    )
+    return EXIT_OK
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return run(argv)
+    except UsageError as exc:
+        sys.stderr.write("zerolayer: %s\n" % exc)
+        return EXIT_BAD_INPUT
+    except StoreUnavailable as exc:
+        sys.stderr.write("zerolayer: %s\n" % exc.message)
+        return EXIT_UNREACHABLE
+    except FleetError as exc:
+        sys.stderr.write("zerolayer: %s\n" % exc.message)
+        return OUTCOME_EXIT.get(
+            exc.details.get("outcome"), EXIT_BAD_INPUT if exc.details.get("field") else EXIT_OTHER
+        )
+    except KeyboardInterrupt:
+        return EXIT_OK

@@ -1,0 +1,114 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""Where a rollout record lives: the rollout store (one truth for every actor) or a file.
+
+With the store, the record of one wave is the key rollouts/<rollout_id>/<wave>, and every
+write is a compare-and-swap on the revision that was read: two actors that change it at the
+same time cannot both win, the second is told who changed it. A file (a controller without
+a store, and every node's read-only copy) is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
+
+RECORD_KEY_PATTERN = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}/[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+)
+
+
+def validate_record_key(value, field="record_key"):
+    if not isinstance(value, str) or not RECORD_KEY_PATTERN.match(value):
+        raise FleetError(
+            "%s must be <rollout_id>/<wave>, each 1-128 letters, digits, '.', '_', ':' or '-'; "
+            "got %r" % (field, value),
+            {"field": field, "value": value},
+        )
+    return value
+
+
+class FileRecords:
+    """A record in a JSON file; the token is unused (one controller, one writer)."""
+
+    def __init__(self, path):
+        if not path:
+            raise FleetError(
+                "path is required when no rollout store is given (endpoints)", {"field": "path"}
+            )
+        self.where = path
+
+    def read(self):
+        return rollout.read_record(self.where), None
+
+    def write(self, record, _token):
+        rollout.write_record(self.where, record)
+
+
+class StoreRecords:
+    """A record in the rollout store; the token is the mod_revision it was read at.
+
+    mirror, a file path, gets a copy after every write (the controller's local view for
+    reports and people; the store stays the one truth every actor reads).
+    """
+
+    def __init__(self, store, record_key, mirror=None):
+        self.store = store
+        self.where = store.key("rollouts", validate_record_key(record_key))
+        self.mirror = mirror
+
+    def read(self):
+        kv = self.store.client.get(self.where)
+        if kv is None:
+            return None, 0
+        return rollout.decode_record(kv.value.decode(), self.where), kv.mod_revision
+
+    def write(self, record, token):
+        done, current = self.store.client.put_if(self.where, rollout.encode_record(record), token)
+        if done:
+            if self.mirror:
+                rollout.write_record(self.mirror, record)
+            return
+        other = {}
+        if current is not None:
+            try:
+                other = rollout.decode_record(current.value.decode(), self.where)
+            except FleetError:
+                other = {}
+        last = (other.get("transitions") or [{}])[-1]
+        raise FleetError(
+            "the record %s changed while this action was worked out (%s by %s at %s); nothing "
+            "was written. Read it again and decide anew."
+            % (
+                self.where,
+                last.get("action", "a change"),
+                last.get("by", "?"),
+                last.get("at", "?"),
+            ),
+            {"field": "record", "key": self.where},
+        )
+
+
+def records_from_params(params):
+    """The store's records when endpoints are given, else the file at path."""
+    if params.get("endpoints"):
+        if not params.get("record_key"):
+            raise FleetError(
+                "record_key (<rollout_id>/<wave>) is required with a rollout store (endpoints)",
+                {"field": "record_key"},
+            )
+        return StoreRecords(store_from_params(params), params["record_key"], params.get("path"))
+    return FileRecords(params.get("path"))
+
+
+def list_records(store, rollout_id=None):
+    """{"<rollout_id>/<wave>": record} of every record in the store (or of one rollout)."""
+    prefix = store.key("rollouts", rollout_id, "") if rollout_id else store.key("rollouts", "")
+    found = {}
+    for kv in store.client.get_prefix(prefix):
+        name = kv.key[len(store.key("rollouts", "")) :]
+        found[name] = rollout.decode_record(kv.value.decode(), kv.key)
+    return found
