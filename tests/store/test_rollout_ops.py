@@ -1,0 +1,189 @@
+"""A person's actions on the rollout store (rollout_ops, `zerolayer rollout`), the runner's
+guard that honours them, and the records' compare-and-swap, against a real etcd."""
+
+import datetime
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    rollout,
+    rollout_cli,
+    rollout_guard,
+    rollout_ops,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+    StoreRecords,
+)
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCHEDULE = [{"weight": 1, "hold": 60}, {"weight": 20, "hold": 60}, {"weight": 100}]
+T0 = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+
+
+def planted(store, rollout_id="chat-a", waves=("wave_canary", "wave_rest"), epoch=0, hold=True):
+    """Records as a runner leaves them: the first wave holding stage 1, the rest planned."""
+    for index, wave in enumerate(waves):
+        records = StoreRecords(store, "%s/%s" % (rollout_id, wave))
+        record, _c, _n = rollout.plan(None, "%s:%s" % (rollout_id, wave), SCHEDULE, None, False,
+                                      T0, "runner@ctl", epoch=epoch)  # fmt: skip
+        if index == 0 and hold:
+            record, _c = rollout.apply(record, "stage_started", {"stage": 0}, T0, "runner@ctl")
+            record, _c = rollout.apply(record, "hold_started", {}, T0, "runner@ctl")
+        records.write(record, 0)
+    return store
+
+
+def record_of(store, key):
+    return StoreRecords(store, key).read()[0]
+
+
+def test_pause_is_seen_by_the_runner_at_its_next_evaluation(store):
+    planted(store)
+    runner_view = StoreRecords(store, "chat-a/wave_canary")
+    assert rollout_guard.standing(runner_view, store, 0, stage=0) is None
+    rollout_ops.pause(store, "chat-a", "look at the p99 page", "oncall@laptop")
+    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0)
+    assert decision == "paused" and "oncall@laptop" in reason and "p99 page" in reason
+    assert record_of(store, "chat-a/wave_rest")["outcome"] == "paused", "every wave in progress"
+
+
+def test_promote_ends_the_hold_for_the_runner(store):
+    planted(store)
+    rollout_ops.promote(store, "chat-a", "enough data", "oncall@laptop")
+    decision, reason = rollout_guard.standing(
+        StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0
+    )
+    assert decision == "complete" and "promote by oncall@laptop" in reason
+    assert record_of(store, "chat-a/wave_rest")["stage"]["status"] == "pending", "one wave only"
+
+
+def test_promote_full_moves_every_wave_and_stops_the_runner(store):
+    planted(store)
+    rollout_ops.promote(store, "chat-a", "go", "oncall@laptop", full=True)
+    decision, _reason = rollout_guard.standing(
+        StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0
+    )
+    assert decision == "moved"
+    assert {
+        record_of(store, "chat-a/%s" % w)["stage"]["index"] for w in ("wave_canary", "wave_rest")
+    } == {2}
+
+
+def test_a_raised_fence_stops_the_runner_whatever_its_rollout_id(store):
+    planted(store, "chat-b")
+    store.raise_fence("fast", "p99 page", "oncall@laptop")
+    decision, reason = rollout_guard.standing(
+        StoreRecords(store, "chat-b/wave_canary"), store, 0, stage=0
+    )
+    assert decision == "fenced" and "from 0 to 1" in reason and "p99 page" in reason
+
+
+def test_resume_of_a_fenced_rollout_is_refused_and_changes_nothing(store):
+    planted(store)
+    rollout_ops.pause(store, "chat-a", "hold on", "oncall@laptop")
+    store.raise_fence("fast", "rollback", "oncall@laptop")
+    before = record_of(store, "chat-a/wave_canary")
+    with pytest.raises(FleetError) as refused:
+        rollout_ops.resume(store, "chat-a", "go on", "oncall@laptop")
+    assert refused.value.details["outcome"] == "refused"
+    assert "took fence epoch 0" in refused.value.message and "now 1" in refused.value.message
+    assert record_of(store, "chat-a/wave_canary") == before
+
+
+def test_unknown_ids_and_waves_are_refused_listing_the_known(store):
+    planted(store)
+    with pytest.raises(FleetError) as unknown:
+        rollout_ops.pause(store, "chat-z", "x", "me")
+    assert unknown.value.details == {"field": "rollout_id", "outcome": "bad_input"}
+    assert "known: chat-a" in unknown.value.message
+    with pytest.raises(FleetError) as wave:
+        rollout_ops.pause(store, "chat-a", "x", "me", wave="wave_nope")
+    assert "wave_canary, wave_rest" in wave.value.message
+
+
+def test_promote_on_a_finished_rollout_is_refused(store):
+    planted(store)
+    for wave in ("wave_canary", "wave_rest"):
+        records = StoreRecords(store, "chat-a/%s" % wave)
+        record, token = records.read()
+        records.write(rollout.apply(record, "abort", {}, T0, "runner")[0], token)
+    with pytest.raises(FleetError) as refused:
+        rollout_ops.promote(store, "chat-a", "x", "me")
+    assert refused.value.details["outcome"] == "refused"
+
+
+def test_abort_raises_the_fence_first_and_marks_every_wave(store):
+    planted(store)
+    result = rollout_ops.abort(store, "chat-a", "bad answers", "oncall@laptop")
+    assert result["fence"]["epoch"] == 1 and result["fence"]["action"] == "abort"
+    assert {w["outcome"] for w in result["waves"].values()} == {"aborted"}
+    assert [e["action"] for e in rollout_ops.history(store, "chat-a")][-2:] == ["abort", "abort"]
+
+
+def test_two_writers_of_one_record_cannot_both_win(store):
+    planted(store)
+    runner = StoreRecords(store, "chat-a/wave_canary")
+    record, token = runner.read()
+    rollout_ops.pause(store, "chat-a", "from another shell", "oncall@laptop")
+    stale, _changed = rollout.apply(record, "stage_completed", {}, T0, "runner")
+    with pytest.raises(FleetError) as lost:
+        runner.write(stale, token)
+    assert "pause by oncall@laptop" in lost.value.message
+    assert record_of(store, "chat-a/wave_canary")["outcome"] == "paused", "the pause stuck"
+
+
+def test_status_shows_fence_owner_and_each_wave(store):
+    planted(store)
+    store.acquire("gpu_nodes", {"host": "ctl", "pid": 42, "rollout_id": "chat-a", "since": "x"}, 10)
+    report = rollout_ops.status(store, "chat-a")
+    assert (
+        report["owners"]["gpu_nodes"]["pid"] == 42
+        and report["owners"]["gpu_nodes"]["ttl_left_s"] > 0
+    )
+    wave = report["rollouts"]["chat-a"]["wave_canary"]
+    assert (wave["stage_status"], wave["weight"], wave["fenced"]) == ("holding", 1, False)
+    text = rollout_cli.render_status(report)
+    assert "owner of gpu_nodes: ctl pid 42" in text and "wave_canary" in text
+
+
+def cli(etcd_url, store, *argv):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "zerolayer"), "--endpoints", etcd_url,
+         "--prefix", store.prefix, *argv],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_the_command_gives_a_distinct_exit_status_per_outcome(etcd_url, store):
+    planted(store)
+    assert cli(etcd_url, store, "rollout", "pause", "chat-z")[0] == rollout_cli.EXIT_BAD_INPUT
+    status, out, _err = cli(etcd_url, store, "-o", "json", "rollout", "pause", "chat-a")
+    assert status == 0 and json.loads(out)["waves"]["wave_canary"]["outcome"] == "paused"
+    store.raise_fence("fast", "rollback", "me")
+    status, _out, err = cli(etcd_url, store, "rollout", "resume", "chat-a")
+    assert status == rollout_cli.EXIT_REFUSED and "fence" in err
+    status, out, _err = cli(etcd_url, store, "-o", "json", "rollout", "status", "chat-a")
+    assert status == 0 and json.loads(out)["rollouts"]["chat-a"]["wave_canary"]["fenced"] is True
+    status, out, _err = cli(etcd_url, store, "rollout", "history", "chat-a")
+    assert status == 0 and "pause" in out
+    unreachable = subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "zerolayer"), "--endpoints",
+         "http://127.0.0.1:9", "rollout", "status"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert unreachable.returncode == rollout_cli.EXIT_UNREACHABLE
+    assert cli(etcd_url, store, "rollout", "frobnicate", "x")[0] == rollout_cli.EXIT_BAD_INPUT
+
+
+def test_status_watch_redraws_a_set_number_of_times(etcd_url, store):
+    planted(store)
+    status, out, _err = cli(etcd_url, store, "rollout", "status", "-w", "--interval", "0.1",
+                            "--count", "2")  # fmt: skip
+    assert status == 0 and out.count("fence epoch") == 2
+    assert io.StringIO(out).read().count("wave_canary") == 2
