@@ -170,7 +170,12 @@ class Fleet:
     def weights(self):
         return {node: self.routes(node) for node in self.nodes}
 
+    def fence_epoch(self, node):
+        return self.show(node)["fence"]["epoch"]
+
     def set_weight(self, percent, check=True):
+        """A person on each node setting the weight under the node's current fence epoch
+        (after a rollback a write without it is refused, as it should be)."""
         for node in self.nodes:
             self.exec(
                 node,
@@ -180,6 +185,8 @@ class Fleet:
                 self.route["name"],
                 "--weight",
                 str(percent),
+                "--epoch",
+                str(self.fence_epoch(node)),
                 check=check,
             )
 
