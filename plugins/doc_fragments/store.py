@@ -22,6 +22,15 @@ options:
   key_file:
     description: Private key of O(cert_file).
     type: path
+  user:
+    description:
+      - The rollout store user this identity signs in as. etcd's JSON gateway does not pass the
+        client certificate's name on, so the user signs in with a password and every request
+        carries the token it gets.
+    type: str
+  password_file:
+    description: File whose first line is O(user)'s password (mode 0600).
+    type: path
   timeout:
     description: Seconds to wait for each answer of the store.
     type: float

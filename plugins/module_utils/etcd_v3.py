@@ -75,7 +75,16 @@ class KeyValue:
 class EtcdClient:
     """The store's endpoints, TLS material and timeout; one HTTP request per call."""
 
-    def __init__(self, endpoints, ca_file=None, cert_file=None, key_file=None, timeout=None):
+    def __init__(
+        self,
+        endpoints,
+        ca_file=None,
+        cert_file=None,
+        key_file=None,
+        timeout=None,
+        user=None,
+        password=None,
+    ):
         if isinstance(endpoints, str):
             endpoints = [endpoints]
         endpoints = [str(e).rstrip("/") for e in endpoints or [] if str(e).strip()]
@@ -93,6 +102,12 @@ class EtcdClient:
                 )
         self.endpoints = endpoints
         self.timeout = float(timeout or DEFAULT_TIMEOUT_S)
+        # etcd's JSON gateway talks to the server over a connection of its own, so the client
+        # certificate authenticates the TLS link but not the user: the user signs in with its
+        # password and sends the token it gets with every request.
+        self.user = user
+        self.password = password
+        self._token = None
         self._context = None
         if any(e.startswith("https://") for e in endpoints):
             try:
@@ -108,14 +123,19 @@ class EtcdClient:
 
     # ------------------------------------------------------------ transport
 
-    def _open(self, path, body, timeout):
+    def _open(self, path, body, timeout, token=True):
+        if token and self.user and self._token is None:
+            self._authenticate()
+        headers = {"Content-Type": "application/json"}
+        if token and self._token:
+            headers["Authorization"] = self._token
         errors = []
         for endpoint in self.endpoints:
             # Endpoints are checked to be http(s) URLs in __init__.
             request = urllib.request.Request(  # noqa: S310
                 endpoint + path,
                 data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
+                headers=headers,
                 method="POST",
             )
             try:
@@ -143,10 +163,30 @@ class EtcdClient:
             {"status": exc.code, "store_error": message},
         )
 
-    def call(self, path, body):
-        """POST body to path; the decoded JSON answer."""
+    def _authenticate(self):
+        if self.password is None:
+            raise FleetError(
+                "the rollout store user %s has no password (password_file)" % self.user,
+                {"field": "password_file"},
+            )
+        answer = self.call(
+            "/v3/auth/authenticate", {"name": self.user, "password": self.password}, token=False
+        )
+        self._token = answer.get("token")
+
+    def call(self, path, body, token=True):
+        """POST body to path; the decoded JSON answer. An expired token is renewed once."""
         try:
-            with self._open(path, body, self.timeout) as response:
+            return self._call(path, body, token)
+        except FleetError as exc:
+            if not (token and self.user and "auth token" in exc.message):
+                raise
+        self._token = None
+        return self._call(path, body, token)
+
+    def _call(self, path, body, token):
+        try:
+            with self._open(path, body, self.timeout, token) as response:
                 answer = json.loads(response.read().decode() or "{}")
         except (OSError, ValueError) as exc:
             if isinstance(exc, FleetError):

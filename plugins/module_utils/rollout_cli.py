@@ -56,6 +56,8 @@ def build_parser():
     parser.add_argument("--ca-file")
     parser.add_argument("--cert-file")
     parser.add_argument("--key-file")
+    parser.add_argument("--user")
+    parser.add_argument("--password-file")
     parser.add_argument("--prefix", default=None)
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
     top = parser.add_subparsers(dest="noun", metavar="rollout", parser_class=_Parser)
@@ -98,7 +100,7 @@ def _store(args):
                 "store config %s cannot be read: %s" % (args.store_config, exc),
                 {"field": "store_config", "outcome": "bad_input"},
             ) from None
-    for option in ("ca_file", "cert_file", "key_file", "prefix"):
+    for option in ("ca_file", "cert_file", "key_file", "user", "password_file", "prefix"):
         if getattr(args, option):
             params[option] = getattr(args, option)
     if args.endpoints:

@@ -42,18 +42,36 @@ def store_options():
         "ca_file": {"type": "path"},
         "cert_file": {"type": "path"},
         "key_file": {"type": "path", "no_log": False},
+        "user": {"type": "str"},
+        "password_file": {"type": "path", "no_log": False},
         "timeout": {"type": "float", "default": 3.0},
         "prefix": {"type": "str", "default": DEFAULT_PREFIX},
     }
 
 
+def read_password(path, field="password_file"):
+    """The first line of a password file (0600, written by the rollout_store role)."""
+    try:
+        with open(path) as handle:
+            return handle.readline().rstrip("\n")
+    except OSError as exc:
+        raise FleetError(
+            "%s %s cannot be read: %s" % (field, path, exc.strerror), {"field": field, "path": path}
+        ) from None
+
+
 def store_from_params(params):
+    password = None
+    if params.get("user"):
+        password = read_password(params["password_file"]) if params.get("password_file") else None
     client = EtcdClient(
         params["endpoints"],
         params.get("ca_file"),
         params.get("cert_file"),
         params.get("key_file"),
         params.get("timeout"),
+        user=params.get("user"),
+        password=password,
     )
     return RolloutStore(client, params.get("prefix") or DEFAULT_PREFIX)
 

@@ -182,6 +182,12 @@ options:
   key_file:
     description: Private key of O(cert_file).
     type: path
+  user:
+    description: The rollout store user this identity signs in as (password in O(password_file)).
+    type: str
+  password_file:
+    description: File whose first line is O(user)'s password.
+    type: path
   store_timeout:
     description: Seconds to wait for the rollout store.
     type: float
@@ -554,6 +560,8 @@ def main():
             ca_file=dict(type="path"),
             cert_file=dict(type="path"),
             key_file=dict(type="path", no_log=False),
+            user=dict(type="str"),
+            password_file=dict(type="path", no_log=False),
             store_timeout=dict(type="float", default=3.0),
             prefix=dict(type="str", default="/zerolayer/"),
         ),

@@ -35,7 +35,7 @@ options:
   record_key:
     description:
       - With a rollout store, the record's key under C(<prefix>rollouts/), V(<rollout_id>/<wave>).
-        Every write is a compare-and-swap on the revision read: a record another actor changed
+        Every write is a compare-and-swap on the revision read; a record another actor changed
         in between is not overwritten, the action fails naming who changed it.
     type: str
   endpoints:
@@ -51,6 +51,12 @@ options:
     type: path
   key_file:
     description: Private key of O(cert_file).
+    type: path
+  user:
+    description: The rollout store user this identity signs in as (password in O(password_file)).
+    type: str
+  password_file:
+    description: File whose first line is O(user)'s password.
     type: path
   timeout:
     description: Seconds to wait for the rollout store.
@@ -350,6 +356,8 @@ def main():
             ca_file=dict(type="path"),
             cert_file=dict(type="path"),
             key_file=dict(type="path", no_log=False),
+            user=dict(type="str"),
+            password_file=dict(type="path", no_log=False),
             timeout=dict(type="float", default=3.0),
             prefix=dict(type="str", default="/zerolayer/"),
             action=dict(type="str", required=True, choices=list(rollout.ACTIONS)),
