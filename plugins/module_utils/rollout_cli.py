@@ -24,6 +24,7 @@ import argparse
 import getpass
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,7 +83,11 @@ def build_parser():
     abort.add_argument("rollout_id")
     abort.add_argument("--reason", default="by request (zerolayer rollout abort)")
     abort.add_argument(
-        "-i", "--inventory", help="push weight 0 to the nodes with rollback.yml (recommended)"
+        "-i",
+        "--inventory",
+        action="append",
+        default=[],
+        help="push weight 0 to the nodes with rollback.yml (recommended); repeatable",
     )
     history = verbs.add_parser("history", help="who did what, when, why")
     history.add_argument("rollout_id")
@@ -167,15 +172,20 @@ def render_status(report):
     return "\n".join(lines)
 
 
-def _push_abort(inventory, epoch, reason):
-    """rollback.yml at the epoch abort raised; its exit status."""
+def _push_abort(inventories, epoch, reason):
+    """rollback.yml at the epoch abort raised (no preflight, no schedule); its exit status.
+    Its output goes to stderr, so that stdout stays one JSON line with -o json."""
     argv = [
-        os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
-        "-i", inventory,
+        shutil.which("ansible-playbook")
+        or os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    ]
+    for inventory in inventories:
+        argv += ["-i", inventory]
+    argv += [
         os.path.join(REPO, "playbooks", "rollback.yml"),
         "-e", json.dumps({"rollback_fence_epoch": epoch, "rollback_reason": reason}),
     ]  # fmt: skip
-    return subprocess.run(argv, check=False).returncode
+    return subprocess.run(argv, check=False, stdout=sys.stderr, cwd=REPO).returncode
 
 
 def _emit(args, payload, text):

@@ -197,10 +197,10 @@ class Fleet:
     def admin_file(self):
         return "/etc/zerolayer/engines/%s/sim-admin.json" % self.engine["name"]
 
-    def set_error_rate(self, rate):
+    def set_error_rate(self, rate, nodes=None):
         """The simulator re-reads its admin file on the next request (roles/model_engine)."""
         settings = {"error_rate": rate, "error_status": 503}
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             self.exec(
                 node,
                 "python3",

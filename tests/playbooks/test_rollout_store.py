@@ -1,0 +1,217 @@
+"""Every actor's action sticks, on the sandbox fleet with its real etcd (the monitoring
+node's rollout store, TLS and per-identity users) and under load with no failed request:
+
+- a pause from another shell during a hold stops the runner, which writes nothing more;
+- a rollback with another (or no) rollout id fences the fleet: the holding runner stops,
+  every node stays at 0, and a resume of it is refused until a new epoch is taken;
+- a second runner on the same hosts is refused naming the holder; a runner killed with
+  SIGKILL leaves its lease visible until it expires;
+- abort needs no healthy fleet: one node unreachable and one engine answering 500, every
+  reachable node is back at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .conftest import INVENTORY, REPO
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+
+ZEROLAYER = REPO / "scripts" / "zerolayer"
+# Long holds: the tests act while the runner holds its first stage.
+HOLDING = json.dumps(
+    {
+        "canary_schedule": [{"weight": 5, "hold": 300}, {"weight": 100, "hold": 0}],
+        "canary_owner_ttl": 8,
+    }
+)
+GATE_INTERVAL_S = 2  # drill_vars.yml
+
+
+@pytest.fixture(scope="module")
+def store_config(fleet, tmp_path_factory):
+    """The controller's store settings from the inventory, as `zerolayer --store-config`."""
+    names = ("endpoints", "ca_file", "cert_file", "key_file", "user", "password_file", "prefix")
+    expression = "{{ {%s} | to_json }}" % ", ".join(
+        "'%s': rollout_store_%s | default(none)" % (name, name) for name in names
+    )
+    env = dict(fleet.env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    result = subprocess.run(
+        ["ansible", "localhost", "-i", INVENTORY, "-m", "ansible.builtin.debug",
+         "-a", "msg=%s" % expression],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    message = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
+    config = message if isinstance(message, dict) else json.loads(message)
+    config = {key: value for key, value in config.items() if value is not None}
+    assert config.get("endpoints"), "the sandbox inventory names no rollout store: %s" % config
+    path = tmp_path_factory.mktemp("store") / "store.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def zerolayer(store_config, *argv):
+    proc = subprocess.run(
+        [str(ZEROLAYER), "--store-config", str(store_config), "-o", "json", *argv],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    payload = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, payload, proc.stderr
+
+
+def wave_status(store_config, rollout_id):
+    status, report, _err = zerolayer(store_config, "rollout", "status", rollout_id)
+    return report["rollouts"][rollout_id]["gpu_nodes"] if status == 0 else None
+
+
+def wait_holding(fleet, store_config, rollout_id, process, timeout=240):
+    """Until the runner holds its first stage (read from the store, not from time)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail("the runner ended early:\n%s" % process.log_path.read_text()[-4000:])
+        wave = wave_status(store_config, rollout_id)
+        if wave and wave["stage_status"] == "holding":
+            return wave
+        time.sleep(0.5)
+    pytest.fail("the runner never held:\n%s" % process.log_path.read_text()[-4000:])
+
+
+def wait_ended(process, timeout):
+    started = time.monotonic()
+    process.wait(timeout=timeout)
+    return time.monotonic() - started
+
+
+def direct_weights(fleet):
+    return {node: fleet.routes(node)[fleet.route["name"]][0] for node in fleet.nodes}
+
+
+def no_failed_request(client):
+    summary = client.stop()
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    assert summary["requests_ok"] > 0, summary
+    return summary
+
+
+def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
+    fleet, records, baseline, store_config, load
+):
+    client = load("pause")
+    runner = fleet.canary("store-pause", records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, "store-pause", runner)
+    assert set(direct_weights(fleet).values()) == {500}
+    paused_at = time.monotonic()
+    status, result, err = zerolayer(store_config, "rollout", "pause", "store-pause",
+                                    "--reason", "p99 page")  # fmt: skip
+    assert status == 0, err
+    assert result["waves"]["gpu_nodes"]["outcome"] == "paused"
+    waited = wait_ended(runner, timeout=120)
+    honoured_s = time.monotonic() - paused_at
+    output = runner.log_path.read_text()
+    assert runner.returncode == 0, output[-4000:]
+    assert "p99 page" in output and "without writing anything more" in output
+    assert set(direct_weights(fleet).values()) == {500}, "the weight stayed: nothing was written"
+    print("pause honoured by the runner %.2f s after the command (gate interval %d s)"
+          % (honoured_s, GATE_INTERVAL_S))  # fmt: skip
+    assert waited <= honoured_s
+    no_failed_request(client)
+
+
+def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
+    fleet, records, baseline, store_config, load
+):
+    client = load("fence")
+    runner = fleet.canary("store-fenced", records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, "store-fenced", runner)
+    fence_before = zerolayer(store_config, "rollout", "status")[1]["fence"]["epoch"]
+    rolled = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
+    assert rolled.returncode == 0, rolled.stdout[-4000:]
+    fenced_at = time.monotonic()
+    wait_ended(runner, timeout=120)
+    print("fenced runner stopped %.2f s after the rollback ended" % (time.monotonic() - fenced_at))
+    output = runner.log_path.read_text()
+    assert runner.returncode != 0 and "fence epoch rose from %d" % fence_before in output, output[
+        -4000:
+    ]
+    assert set(direct_weights(fleet).values()) == {0}
+    fence = zerolayer(store_config, "rollout", "status")[1]["fence"]
+    assert fence["epoch"] == fence_before + 1
+    assert {fleet.fence_epoch(node) for node in fleet.nodes} == {fence["epoch"]}
+
+    # Its resume is refused, by the command and by the playbook, and changes nothing.
+    status, _result, err = zerolayer(store_config, "rollout", "resume", "store-fenced")
+    assert status == 4 and "fence" in err
+    resumed = fleet.canary("store-fenced", records, "-e", HOLDING)
+    assert resumed.returncode != 0
+    assert "took fence epoch %d" % fence_before in resumed.stdout, resumed.stdout[-4000:]
+    assert set(direct_weights(fleet).values()) == {0}
+    # Taken on purpose, the new epoch carries on from its stage.
+    taken = fleet.canary("store-fenced", records, "-e", HOLDING, "-e", "canary_take_epoch=true",
+                         "-e", "canary_pause_after_weight=5", background=True)  # fmt: skip
+    wait_holding(fleet, store_config, "store-fenced", taken)
+    assert set(direct_weights(fleet).values()) == {500}
+    zerolayer(store_config, "rollout", "pause", "store-fenced")
+    wait_ended(taken, timeout=120)
+    no_failed_request(client)
+
+
+def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
+    fleet, records, baseline, store_config
+):
+    runner = fleet.canary("store-owner", records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, "store-owner", runner)
+    second = fleet.canary("store-other", records, "-e", HOLDING)
+    assert second.returncode != 0
+    assert "held by another runner" in second.stdout and "rollout store-owner" in second.stdout
+    assert set(direct_weights(fleet).values()) == {500}, "the refused runner wrote nothing"
+
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.wait(timeout=30)
+    owners = zerolayer(store_config, "rollout", "status")[1]["owners"]
+    holder = owners["gpu_nodes"]
+    assert holder["rollout_id"] == "store-owner" and holder["ttl_left_s"] > 0, owners
+    deadline = time.monotonic() + 60
+    while "gpu_nodes" in zerolayer(store_config, "rollout", "status")[1]["owners"]:
+        assert time.monotonic() < deadline, "the dead runner's lease never expired"
+        time.sleep(1)
+    # A rollback since: the resumed run must not write the weight the fence forbids.
+    assert fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records).returncode == 0
+    resumed = fleet.canary("store-owner", records, "-e", HOLDING)
+    assert resumed.returncode != 0 and "took fence epoch" in resumed.stdout
+    assert set(direct_weights(fleet).values()) == {0}
+
+
+def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest(
+    fleet, records, baseline, store_config, tmp_path
+):
+    runner = fleet.canary("store-abort", records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, "store-abort", runner)
+    failing = fleet.nodes[0]
+    fleet.set_error_rate(1.0, nodes=[failing])
+    gone = tmp_path / "gone.ini"
+    gone.write_text("[gpu_nodes]\nzl-node-gone ansible_connection=containers.podman.podman\n")
+    try:
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(ZEROLAYER), "--store-config", str(store_config), "-o", "json", "rollout",
+             "abort", "store-abort", "-i", INVENTORY, "-i", str(gone)],
+            env=fleet.env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        fleet.set_error_rate(0.0, nodes=[failing])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 5, "the unreachable node makes the push fail: %s" % proc.stderr
+    assert result["waves"]["gpu_nodes"]["outcome"] == "aborted"
+    assert set(direct_weights(fleet).values()) == {0}, "every reachable node rolled back"
+    print("abort with one node unreachable: %.2f s for the whole command" % elapsed)
+    wait_ended(runner, timeout=120)
+    assert "fence epoch rose" in runner.log_path.read_text()
