@@ -41,16 +41,20 @@ def record_standing(records, stage=None):
         return (
             "moved",
             "%s by %s at %s moved the rollout to stage %d; run canary.yml to carry on from there"
-            % (last["action"], last.get("by", "someone"), last.get("at", "?"),
-               record["stage"]["index"] + 1),
-        )  # fmt: skip
+            % (
+                last["action"],
+                last.get("by", "someone"),
+                last.get("at", "?"),
+                record["stage"]["index"] + 1,
+            ),
+        )
     if stage is not None and record["stage"]["status"] == "completed":
         last = record["transitions"][-1]
         return (
             "complete",
-            "%s by %s at %s ended the hold" % (last["action"], last.get("by", "someone"),
-                                             last.get("at", "?")),
-        )  # fmt: skip
+            "%s by %s at %s ended the hold"
+            % (last["action"], last.get("by", "someone"), last.get("at", "?")),
+        )
     return None
 
 

@@ -554,7 +554,7 @@ def main():
             max_hold_extension=dict(type="raw", default="2h"),
             reset_history=dict(type="bool", default=False),
             record_path=dict(type="path"),
-            record_key=dict(type="str"),
+            record_key=dict(type="str", no_log=False),
             epoch=dict(type="int"),
             endpoints=dict(type="list", elements="str", default=[]),
             ca_file=dict(type="path"),

@@ -351,7 +351,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path"),
-            record_key=dict(type="str"),
+            record_key=dict(type="str", no_log=False),
             endpoints=dict(type="list", elements="str", default=[]),
             ca_file=dict(type="path"),
             cert_file=dict(type="path"),

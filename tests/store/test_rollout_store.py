@@ -51,7 +51,7 @@ def test_concurrent_raises_each_get_their_own_epoch(store):
         except FleetError as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=raise_once) for _ in range(6)]
+    threads = [threading.Thread(target=raise_once) for _thread in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -77,4 +77,4 @@ def test_the_fence_file_is_private_and_replaced_whole(path):
 
     fence.raise_fence(path, 2)
     assert os.stat(path).st_mode & 0o777 == 0o600
-    assert [name for name in os.listdir(os.path.dirname(path))] == ["fence.json"]
+    assert os.listdir(os.path.dirname(path)) == ["fence.json"]
