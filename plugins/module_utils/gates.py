@@ -509,6 +509,7 @@ def new_history(rollout_id, stage):
         "failures": 0,
         "holds": 0,
         "hold_extension_s": 0.0,
+        "unwatched_s": 0.0,
         "latched": None,
         "recent": [],
     }
@@ -526,7 +527,7 @@ def history_for_stage(stored, rollout_id, stage):
     return new_history(rollout_id, stage), stored is not None
 
 
-def _count_evaluation(history, verdict, now, hold_started_at):
+def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=None):
     if history["first_evaluated_at"] is None:
         history["first_evaluated_at"] = format_timestamp(now)
     # The evidence behind a verdict covers the time since the previous evaluation (or the
@@ -536,6 +537,10 @@ def _count_evaluation(history, verdict, now, hold_started_at):
     interval = seconds_between(since, now) if since is not None else 0.0
     history["evaluations"] += 1
     history["last_evaluated_at"] = format_timestamp(now)
+    # Time nobody watched is no hold: a runner that was dead, or a stretch longer than two
+    # gate intervals without an evaluation, moves the hold's end by that much.
+    if watch_interval_s and interval > 2 * watch_interval_s:
+        history["unwatched_s"] = history.get("unwatched_s", 0.0) + interval
     if verdict == "fail":
         history["consecutive_failures"] += 1
         history["failures"] += 1
@@ -587,11 +592,21 @@ def _decide(history, verdict, now, hold_ends_at, limits):
     return "continue", "inconclusive; the stage is extended by the time spent holding"
 
 
-def record_evaluation(history, verdict, now, hold_s, hold_started_at, limits, gate_verdicts=None):
+def record_evaluation(
+    history,
+    verdict,
+    now,
+    hold_s,
+    hold_started_at,
+    limits,
+    gate_verdicts=None,
+    watch_interval_s=None,
+):
     """Add one evaluation to a stage history and decide; returns (history, outcome).
 
     The history given is not changed. hold_started_at may be None: the stage's first
-    evaluation then stands for the hold start.
+    evaluation then stands for the hold start. With watch_interval_s (the gate interval),
+    a gap of more than two intervals since the previous evaluation does not count as hold.
     """
     if verdict not in VERDICTS:
         raise FleetError(
@@ -599,10 +614,11 @@ def record_evaluation(history, verdict, now, hold_s, hold_started_at, limits, ga
             {"field": "verdict"},
         )
     history = copy.deepcopy(history)
-    _count_evaluation(history, verdict, now, hold_started_at)
+    _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s)
     start = hold_started_at or parse_timestamp(history["first_evaluated_at"], "first_evaluated_at")
     extension = min(history["hold_extension_s"], limits.max_hold_extension_s)
-    hold_ends_at = start + datetime.timedelta(seconds=hold_s + extension)
+    unwatched = history.get("unwatched_s", 0.0)
+    hold_ends_at = start + datetime.timedelta(seconds=hold_s + extension + unwatched)
     decision, reason = _decide(history, verdict, now, hold_ends_at, limits)
     if decision in ("rollback", "pause") and history["latched"] is None:
         history["latched"] = {"decision": decision, "reason": reason, "at": format_timestamp(now)}
@@ -625,6 +641,7 @@ def record_evaluation(history, verdict, now, hold_s, hold_started_at, limits, ga
         "holds": history["holds"],
         "hold_s": hold_s,
         "hold_extension_s": round(extension, 3),
+        "unwatched_s": round(unwatched, 3),
         "hold_started_at": format_timestamp(start),
         "hold_ends_at": format_timestamp(hold_ends_at),
         "elapsed_s": round(max(0.0, seconds_between(start, now)), 3),

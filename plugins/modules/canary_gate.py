@@ -149,6 +149,12 @@ options:
       - Start the stage's history afresh, for example after a person resumed a paused rollout.
     type: bool
     default: false
+  interval:
+    description:
+      - Seconds between evaluations (the playbook's gate interval). A gap of more than twice this
+        since the previous evaluation (a runner that was dead, a controller that slept) does not
+        count towards the hold; RV(unwatched_s) says how much was left out.
+    type: int
   record_path:
     description:
       - The rollout's record (M(zerolayer.fleet.rollout_state)), read before every evaluation. When
@@ -261,6 +267,10 @@ reason:
   returned: always
   type: str
   sample: "success_rate holds: too few samples: 120 < 2000"
+unwatched_s:
+  description: Seconds of this stage's hold that nobody watched and that therefore did not count.
+  returned: after an evaluation
+  type: float
 store_reachable:
   description: False when the rollout store could not be read, so nothing was evaluated.
   returned: when O(endpoints) and O(epoch) are set and nothing else stopped the hold first
@@ -497,7 +507,14 @@ def run(params, check_mode):
     )
     gate_verdicts = {result["name"]: result["verdict"] for result in evaluation["gates"]}
     updated, outcome = record_evaluation(
-        history, evaluation["verdict"], now, hold_s, hold_started_at, limits, gate_verdicts
+        history,
+        evaluation["verdict"],
+        now,
+        hold_s,
+        hold_started_at,
+        limits,
+        gate_verdicts,
+        watch_interval_s=params.get("interval"),
     )
     if not check_mode:
         write_json_atomic(params["state_file"], updated)
@@ -553,6 +570,7 @@ def main():
             max_holds=dict(type="int", default=60),
             max_hold_extension=dict(type="raw", default="2h"),
             reset_history=dict(type="bool", default=False),
+            interval=dict(type="int"),
             record_path=dict(type="path"),
             record_key=dict(type="str", no_log=False),
             epoch=dict(type="int"),

@@ -582,3 +582,36 @@ def test_bad_timestamps_name_the_field(value):
         g.parse_timestamp(value, "hold_started_at")
     assert caught.value.details["field"] == "hold_started_at"
     assert "ISO 8601" in caught.value.message
+
+
+# ---------------------------------------------------------------- watched time
+
+
+def test_a_stretch_nobody_watched_does_not_count_as_hold():
+    """A runner dead for 9 h does not finish an 8 h stage on one passing window."""
+    history = g.new_history("chat:wave", 2)
+    history, outcome = g.record_evaluation(
+        history, "pass", at(60), 8 * 3600, at(0), limits(), watch_interval_s=60
+    )
+    assert outcome["decision"] == "continue" and outcome["unwatched_s"] == 0
+    history, outcome = g.record_evaluation(
+        history, "pass", at(60 + 9 * 3600), 8 * 3600, at(0), limits(), watch_interval_s=60
+    )
+    assert outcome["decision"] == "continue", outcome
+    assert outcome["unwatched_s"] == 9 * 3600
+    assert outcome["hold_remaining_s"] == pytest.approx(8 * 3600 - 60, abs=1)
+
+
+def test_gaps_up_to_two_intervals_still_count():
+    history = g.new_history("chat:wave", 0)
+    for seconds in (60, 180, 300):  # 120 s apart: two intervals, still watched
+        history, outcome = g.record_evaluation(
+            history, "pass", at(seconds), 300, at(0), limits(), watch_interval_s=60
+        )
+    assert outcome["unwatched_s"] == 0 and outcome["decision"] == "complete"
+
+
+def test_without_an_interval_every_gap_counts_as_before():
+    history = g.new_history("chat:wave", 0)
+    _history, outcome = g.record_evaluation(history, "pass", at(9 * 3600), 3600, at(0), limits())
+    assert outcome["decision"] == "complete" and outcome["unwatched_s"] == 0
