@@ -1,0 +1,248 @@
+"""Verify the rollout_store role: a real etcd member with TLS, client certificates and RBAC.
+
+The node is the member and a GPU node at once. Every check asks the running etcd, through
+etcdctl (gRPC) and through its JSON gateway (what the nodes' standard-library client uses).
+"""
+
+import base64
+import json
+import os
+import pathlib
+import shlex
+
+import pytest
+import testinfra.utils.ansible_runner
+
+RUNNER = testinfra.utils.ansible_runner.AnsibleRunner(os.environ["MOLECULE_INVENTORY_FILE"])
+testinfra_hosts = RUNNER.get_hosts("monitoring")
+
+NODE = RUNNER.get_hosts("gpu_nodes")[0]
+PKI = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "pki"
+MEMBER_PKI = "/etc/etcd/zerolayer"
+STORE = "/etc/zerolayer/store"
+# The controller's credentials are copied into the node for these checks only.
+CONTROLLER = "/root/zl-verify-controller"
+LOCAL = "https://127.0.0.1:2379"
+
+
+def b64(text):
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.fixture(scope="module")
+def endpoint(host):
+    settings = host.file("/etc/default/etcd").content_string
+    line = next(
+        line for line in settings.splitlines() if line.startswith("ETCD_ADVERTISE_CLIENT_URLS=")
+    )
+    return line.split("=", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def controller(host):
+    host.check_output("install -d -m 0700 %s", CONTROLLER)
+    for name in ("controller.pem", "controller-key.pem", "controller.password"):
+        data = base64.b64encode((PKI / name).read_bytes()).decode()
+        host.check_output(
+            f"printf %s {data} | base64 -d > {CONTROLLER}/{name} && chmod 0600 {CONTROLLER}/{name}"
+        )
+    return {
+        "cert": f"{CONTROLLER}/controller.pem",
+        "key": f"{CONTROLLER}/controller-key.pem",
+        "user": "zerolayer-controller",
+        "password": (PKI / "controller.password").read_text().strip(),
+    }
+
+
+@pytest.fixture(scope="module")
+def node(host):
+    config = json.loads(host.file("/etc/zerolayer/store.json").content_string)
+    config["password"] = host.file(config["password_file"]).content_string.strip()
+    return config
+
+
+def etcdctl(host, identity, *args, endpoint=LOCAL):
+    command = [
+        "env",
+        "ETCDCTL_API=3",
+        "ETCDCTL_DIAL_TIMEOUT=5s",
+        "ETCDCTL_COMMAND_TIMEOUT=10s",
+        "etcdctl",
+        f"--endpoints={endpoint}",
+        f"--cacert={MEMBER_PKI}/ca.pem",
+    ]
+    if identity:
+        command += [f"--cert={identity['cert']}", f"--key={identity['key']}"]
+        if identity.get("user"):
+            command.insert(1, f"ETCDCTL_USER={identity['user']}:{identity['password']}")
+    return host.run(shlex.join(command + list(args)))
+
+
+def gateway(host, identity, path, body, token=None, endpoint=LOCAL):
+    command = ["curl", "-sS", "--cacert", f"{MEMBER_PKI}/ca.pem", "-w", "\n%{http_code}"]
+    if identity:
+        command += ["--cert", identity["cert"], "--key", identity["key"]]
+    if token:
+        command += ["-H", f"Authorization: {token}"]
+    command += ["-X", "POST", "-d", json.dumps(body), endpoint + path]
+    result = host.run(shlex.join(command))
+    body_text, _, status = result.stdout.rpartition("\n")
+    return result.rc, status, body_text
+
+
+def token_for(host, identity):
+    rc, status, body = gateway(
+        host,
+        identity,
+        "/v3/auth/authenticate",
+        {"name": identity["user"], "password": identity["password"]},
+    )
+    assert rc == 0 and status == "200", body
+    return json.loads(body)["token"]
+
+
+def denied(result):
+    return result.rc != 0 and "permission denied" in result.stderr
+
+
+def test_service_enabled_and_running(host):
+    service = host.service("etcd")
+    assert service.is_running
+    assert service.is_enabled
+
+
+def test_listens_on_client_and_peer_ports(host, endpoint):
+    address = endpoint.removeprefix("https://").rsplit(":", 1)[0]
+    assert address != "127.0.0.1", "the member should listen on its own address too"
+    for socket in (f"tcp://{address}:2379", "tcp://127.0.0.1:2379", f"tcp://{address}:2380"):
+        assert host.socket(socket).is_listening, socket
+
+
+def test_serves_tls_with_the_stores_certificate(host, endpoint):
+    address = endpoint.removeprefix("https://").rsplit(":", 1)[0]
+    for port in (2379, 2380):
+        result = host.run(
+            f"openssl s_client -connect {address}:{port} -CAfile {MEMBER_PKI}/ca.pem "
+            f"-verify_return_error -verify_ip {address} "
+            f"-cert {STORE}/node.pem -key {STORE}/node-key.pem </dev/null"
+        )
+        assert result.rc == 0, result.stdout + result.stderr
+        assert "Verify return code: 0 (ok)" in result.stdout
+    plain = host.run("curl -sS -m 5 http://127.0.0.1:2379/health")
+    assert plain.rc != 0 or "etcd" not in plain.stdout
+
+
+def test_client_without_certificate_is_refused(host, endpoint):
+    rc, _, body = gateway(
+        host, None, "/v3/kv/range", {"key": b64("/zerolayer/fence")}, endpoint=endpoint
+    )
+    assert rc != 0, body
+    result = etcdctl(host, None, "get", "/zerolayer/fence", endpoint=endpoint)
+    assert result.rc != 0
+
+
+def test_endpoint_health_with_the_controllers_credentials(host, controller, endpoint):
+    result = etcdctl(host, controller, "endpoint", "health", endpoint=endpoint)
+    assert result.rc == 0, result.stderr
+    assert "is healthy" in result.stdout + result.stderr
+
+
+def test_controller_reads_and_writes_under_the_prefix(host, controller, endpoint):
+    assert (
+        etcdctl(host, controller, "put", "/zerolayer/rollouts/verify", "one", endpoint=endpoint).rc
+        == 0
+    )
+    got = etcdctl(
+        host,
+        controller,
+        "get",
+        "/zerolayer/rollouts/verify",
+        "--print-value-only",
+        endpoint=endpoint,
+    )
+    assert got.stdout.strip() == "one", got.stderr
+    assert etcdctl(host, controller, "put", "/zerolayer/fence", "7", endpoint=endpoint).rc == 0
+    assert denied(etcdctl(host, controller, "put", "/elsewhere", "x", endpoint=endpoint))
+
+
+def test_controller_through_the_json_gateway(host, controller, endpoint):
+    token = token_for(host, controller)
+    put = {"key": b64("/zerolayer/rollouts/gateway"), "value": b64("two")}
+    rc, status, body = gateway(host, controller, "/v3/kv/put", put, token, endpoint)
+    assert (rc, status) == (0, "200"), body
+    rc, status, body = gateway(
+        host,
+        controller,
+        "/v3/kv/range",
+        {"key": b64("/zerolayer/rollouts/gateway")},
+        token,
+        endpoint,
+    )
+    assert (rc, status) == (0, "200"), body
+    assert base64.b64decode(json.loads(body)["kvs"][0]["value"]) == b"two"
+
+
+def test_node_store_json(host, node, endpoint):
+    assert node["endpoints"] == [endpoint]
+    assert node["node"] == node["user"] == NODE
+    assert (node["ca"], node["cert"], node["key"]) == (
+        f"{STORE}/ca.pem",
+        f"{STORE}/node.pem",
+        f"{STORE}/node-key.pem",
+    )
+    for path in (node["key"], node["password_file"]):
+        secret = host.file(path)
+        assert (secret.user, secret.group, secret.mode) == ("root", "root", 0o600), path
+    assert "O = zerolayer" in host.check_output(f"openssl x509 -in {node['cert']} -noout -subject")
+
+
+def test_node_reads_the_fence_and_writes_only_its_acknowledgement(host, node, endpoint):
+    got = etcdctl(host, node, "get", "/zerolayer/fence", "--print-value-only", endpoint=endpoint)
+    assert got.rc == 0 and got.stdout.strip() == "7", got.stderr
+    assert etcdctl(host, node, "put", f"/zerolayer/acks/{NODE}", "7", endpoint=endpoint).rc == 0
+    assert (
+        etcdctl(host, node, "put", f"/zerolayer/acks/{NODE}/epoch", "7", endpoint=endpoint).rc == 0
+    )
+    assert denied(etcdctl(host, node, "put", "/zerolayer/fence", "0", endpoint=endpoint))
+    assert denied(etcdctl(host, node, "put", "/zerolayer/rollouts/x", "100", endpoint=endpoint))
+    assert denied(etcdctl(host, node, "put", f"/zerolayer/acks/{NODE}0", "7", endpoint=endpoint))
+    assert denied(etcdctl(host, node, "get", "/zerolayer/rollouts/verify", endpoint=endpoint))
+
+
+def test_node_through_the_json_gateway(host, node, endpoint):
+    token = token_for(host, node)
+    rc, status, body = gateway(
+        host, node, "/v3/kv/range", {"key": b64("/zerolayer/fence")}, token, endpoint
+    )
+    assert (rc, status) == (0, "200"), body
+    assert base64.b64decode(json.loads(body)["kvs"][0]["value"]) == b"7"
+    for key in ("/zerolayer/fence", "/zerolayer/rollouts/x"):
+        rc, status, body = gateway(
+            host, node, "/v3/kv/put", {"key": b64(key), "value": b64("0")}, token, endpoint
+        )
+        assert status == "403" and "permission denied" in body, (key, body)
+    ack = {"key": b64(f"/zerolayer/acks/{NODE}"), "value": b64("8")}
+    rc, status, body = gateway(host, node, "/v3/kv/put", ack, token, endpoint)
+    assert (rc, status) == (0, "200"), body
+
+
+def test_certificate_without_password_or_with_a_wrong_one_gets_nothing(host, node, endpoint):
+    anonymous = {"cert": node["cert"], "key": node["key"]}
+    assert etcdctl(host, anonymous, "get", "/zerolayer/fence", endpoint=endpoint).rc != 0
+    _, status, body = gateway(
+        host, anonymous, "/v3/kv/range", {"key": b64("/zerolayer/fence")}, None, endpoint
+    )
+    assert status != "200", body
+    wrong = dict(node)
+    wrong["password"] = "x" + node["password"]
+    result = etcdctl(host, wrong, "get", "/zerolayer/fence", endpoint=endpoint)
+    assert result.rc != 0 and "authentication failed" in result.stderr
+
+
+def test_only_the_expected_users_exist(host):
+    root = {"cert": f"{MEMBER_PKI}/root.pem", "key": f"{MEMBER_PKI}/root-key.pem"}
+    users = json.loads(etcdctl(host, root, "user", "list", "-w", "json").stdout)["users"]
+    assert sorted(users) == sorted(["root", "zerolayer-controller", NODE])
+    roles = json.loads(etcdctl(host, root, "role", "list", "-w", "json").stdout)["roles"]
+    # etcd's built-in root role is not listed.
+    assert sorted(roles) == sorted(["zerolayer-controller", f"zerolayer-node-{NODE}"])
