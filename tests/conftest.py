@@ -79,3 +79,38 @@ def host_kernel_settings_unchanged():
     changed = {k: (v, after.get(k)) for k, v in before.items() if after.get(k) != v}
     if changed:
         pytest.fail(f"host kernel settings changed during the tests (before, after): {changed}")
+
+
+# Where the collection keeps node state (the fence file, rollout records): tests run on the
+# controller, which must never gain such state from them.
+HOST_STATE_DIRS = ("/var/lib/zerolayer", "/run/zerolayer", "/sys/fs/bpf/zerolayer")
+HOST_STATE_BEFORE = pytest.StashKey[set]()
+
+
+def host_state_files() -> set:
+    found = set()
+    for top in HOST_STATE_DIRS:
+        for directory, _, files in os.walk(top):
+            found.update(os.path.join(directory, name) for name in files)
+    return found
+
+
+def pytest_sessionstart(session):
+    session.config.stash[HOST_STATE_BEFORE] = host_state_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the run if a test left node state on this machine (tests keep theirs in temp
+    directories and throw-away nodes). Judged once all tests ended: in the xdist controller,
+    or in the one pytest process without xdist."""
+    if hasattr(session.config, "workerinput"):
+        return
+    left = sorted(host_state_files() - session.config.stash[HOST_STATE_BEFORE])
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "tests left node state on this machine: %s" % left
+        if reporter is not None:
+            reporter.write_line("ERROR: " + message, red=True)
+        else:
+            print("ERROR: " + message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
