@@ -44,7 +44,9 @@ def store_config(fleet, tmp_path_factory):
     )
     env = dict(fleet.env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
     result = subprocess.run(
+        # Ad hoc, playbook_dir is the working directory: name the playbooks' PKI dir.
         ["ansible", "localhost", "-i", INVENTORY, "-m", "ansible.builtin.debug",
+         "-e", "rollout_store_pki_dir=%s" % (REPO / ".cache" / "pki"),
          "-a", "msg=%s" % expression],
         env=env, cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
