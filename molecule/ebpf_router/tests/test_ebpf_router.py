@@ -188,7 +188,12 @@ def test_rollback_sends_new_connections_to_the_proxy(host):
 
 
 def test_boot_unit_reattaches_after_detach(host):
-    routectl(host, "set-weight", "--route", "chat", "--weight", "100")
+    # The rollback before raised the node's fence: a raise needs the node's current epoch.
+    epoch = routectl(host, "show")["fence"]["epoch"]
+    assert epoch >= 1, "the rollback fences the node"
+    refused = host.run("%s set-weight --route chat --weight 100" % ROUTECTL)
+    assert refused.rc == 2 and '"field": "epoch"' in refused.stderr, refused.stderr
+    routectl(host, "set-weight", "--route", "chat", "--weight", "100", "--epoch", str(epoch))
     detached = routectl(host, "detach")
     assert detached["attached"] is False
     assert served_by(host, 10) == {"proxy": 10}, "a detached router must not steer"
