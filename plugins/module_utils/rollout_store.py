@@ -86,14 +86,26 @@ def validate_scope(scope, field="scope"):
     return scope
 
 
-def runner_identity(rollout_id, pid=None):
-    """Who a runner is, as a second runner is told: host, pid, rollout id, since."""
+def runner_identity(rollout_id, pid=None, pid_started=None):
+    """Who a runner is, as a second runner is told: host, pid, rollout id, since.
+    pid_started (the process's start time) lets a runner on the same host tell that a
+    holder died."""
     return {
         "host": socket.gethostname(),
         "pid": pid or os.getpid(),
+        "pid_started": pid_started,
         "rollout_id": rollout_id,
         "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def _dead_here(holder, alive):
+    """Whether holder is a runner of this host that no longer runs."""
+    return (
+        holder.get("host") == socket.gethostname()
+        and holder.get("pid_started") is not None
+        and not alive(holder.get("pid", 0), holder["pid_started"])
+    )
 
 
 class RolloutStore:
@@ -171,8 +183,27 @@ class RolloutStore:
         holder["ttl_left_s"] = self.client.lease_ttl(kv.lease) if kv.lease else -1
         return holder
 
-    def acquire(self, scope, identity, ttl_s):
-        """Take scope for identity on a new lease; OwnerConflict names the holder."""
+    def acquire(self, scope, identity, ttl_s, alive=None, sleep=time.sleep):
+        """Take scope for identity on a new lease; OwnerConflict names the holder.
+
+        A holder that is a dead runner of this same host (alive(pid, started) false) keeps
+        the scope until its lease expires, as everyone can see; acquire waits for that (at
+        most its TTL) instead of refusing, so a resume after a crash just works.
+        """
+        waited = 0.0
+        while True:
+            try:
+                return self._acquire_once(scope, identity, ttl_s)
+            except OwnerConflict as conflict:
+                holder, left = conflict.details["holder"], conflict.details["ttl_left_s"]
+                # etcd removes an expired lease's keys a moment after its TTL: a few tries more.
+                if alive is None or not _dead_here(holder, alive) or waited > left + 10:
+                    raise
+                pause = max(0.5, min(left, 3600))
+                sleep(pause)
+                waited += pause
+
+    def _acquire_once(self, scope, identity, ttl_s):
         scope = validate_scope(scope)
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 5 <= ttl_s <= 3600:
             raise FleetError(

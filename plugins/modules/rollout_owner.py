@@ -13,7 +13,9 @@ description:
     runner (the calling C(ansible-playbook) process) lives. A second runner is refused with the
     holder's identity (host, pid, rollout id, since) and the seconds its lease has left.
   - A runner that dies stops its heartbeat; its lease expires after O(ttl) seconds and the scope is
-    free again. Until then V(status) shows the dead runner as the holder.
+    free again. Until then V(status) shows the dead runner as the holder. A runner started on the
+    same controller (a resume after a crash) sees that the holder's process is gone and waits for
+    its lease to expire, at most O(ttl) seconds, instead of being refused.
   - V(release) gives the scope up at once (the lease is revoked, the heartbeat ends by itself).
   - V(status) reads the holder, if any.
 version_added: 0.2.0
@@ -118,7 +120,10 @@ def main():
             module.exit_json(changed=True, owner=store.owner(scope))
         runner = heartbeat.runner_process()
         holder = store.acquire(
-            scope, runner_identity(params["rollout_id"], runner[0]), params["ttl"]
+            scope,
+            runner_identity(params["rollout_id"], *runner),
+            params["ttl"],
+            alive=heartbeat.alive,
         )
         pid = heartbeat.start_detached(store.client, holder["lease"], runner, params["ttl"] / 3.0)
     except FleetError as exc:

@@ -157,3 +157,34 @@ def test_a_value_that_is_not_json_names_its_key(store):
         store.fence()
     assert failed.value.details["key"] == store.key("fence")
     json.dumps(failed.value.details)
+
+
+def test_a_runner_on_the_same_host_waits_out_a_dead_holders_lease(store):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    started = 12345  # its start time: the pid is gone, or now another process
+    store.acquire("gpu_nodes", runner_identity("chat-a", dead.pid, started), 5)
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    mine = store.acquire(
+        "gpu_nodes", runner_identity("chat-a", os.getpid(), heartbeat._stat(os.getpid())[1]), 5,
+        alive=heartbeat.alive, sleep=sleep,
+    )  # fmt: skip
+    assert mine["pid"] == os.getpid() and slept and sum(slept) <= 5 + 10
+
+
+def test_a_live_holder_is_refused_at_once_even_on_the_same_host(store):
+    me = heartbeat._stat(os.getpid())[1]
+    store.acquire("gpu_nodes", runner_identity("chat-a", os.getpid(), me), 10)
+    with pytest.raises(OwnerConflict):
+        store.acquire(
+            "gpu_nodes",
+            runner_identity("chat-b", os.getpid(), me),
+            10,
+            alive=heartbeat.alive,
+            sleep=lambda _s: pytest.fail("must not wait"),
+        )
