@@ -1,6 +1,6 @@
 """Verify that nvidia_driver changed nothing on a node without an NVIDIA GPU.
 
-The converge ran the role twice (refused, then skipped) and its selection play; none of
+The converge ran the role twice (refused, then skipped) and with bad input; none of
 them may leave a trace on the node.
 """
 
