@@ -35,23 +35,32 @@ def _argv(pid):
         return []
 
 
+def _is_playbook(pid):
+    return any(os.path.basename(arg).startswith("ansible-playbook") for arg in _argv(pid)[:2])
+
+
 def runner_process(start=None):
-    """(pid, start time) of the nearest ansible-playbook above start (default: this process);
-    the parent when there is none (an ad hoc command)."""
-    pid = start or os.getpid()
-    parent = None
+    """(pid, start time) of the ansible-playbook process that runs this module.
+
+    The module runs in a worker forked from that process, and a fork keeps its command
+    line: the runner is the topmost of the ancestors that read ansible-playbook (a worker
+    ends with its task; the runner lives as long as the rollout). Without one (an ad hoc
+    command) it is the parent.
+    """
+    own = start or os.getpid()
+    pid, runner = own, None
     while pid > 1:
         stat = _stat(pid)
         if stat is None:
             break
-        if pid != (start or os.getpid()) and any(
-            os.path.basename(arg).startswith("ansible-playbook") for arg in _argv(pid)[:2]
-        ):
-            return pid, stat[1]
-        if parent is None and pid == (start or os.getpid()):
-            parent = stat[0]
+        if pid != own and _is_playbook(pid):
+            runner = (pid, stat[1])
+        elif runner is not None:
+            break
         pid = stat[0]
-    parent = parent or os.getppid()
+    if runner is not None:
+        return runner
+    parent = _stat(own)[0] if _stat(own) else os.getppid()
     stat = _stat(parent)
     return parent, stat[1] if stat else 0
 

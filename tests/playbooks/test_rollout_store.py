@@ -17,10 +17,12 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from .conftest import INVENTORY, REPO
+REPO = Path(__file__).resolve().parents[2]
+INVENTORY = os.environ.get("ZEROLAYER_PLAYBOOK_INVENTORY", str(REPO / "inventories" / "sandbox"))
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
@@ -42,7 +44,9 @@ def store_config(fleet, tmp_path_factory):
     expression = "{{ {%s} | to_json }}" % ", ".join(
         "'%s': rollout_store_%s | default(none)" % (name, name) for name in names
     )
-    env = dict(fleet.env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    env = dict(
+        fleet.env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"
+    )
     result = subprocess.run(
         # Ad hoc, playbook_dir is the working directory: name the playbooks' PKI dir.
         ["ansible", "localhost", "-i", INVENTORY, "-m", "ansible.builtin.debug",
@@ -57,6 +61,11 @@ def store_config(fleet, tmp_path_factory):
     path = tmp_path_factory.mktemp("store") / "store.json"
     path.write_text(json.dumps(config))
     return path
+
+
+def unique(name):
+    """A rollout id of this run: the store outlives a test (and a reused fleet keeps it)."""
+    return "%s-%d" % (name, time.time_ns() // 1000000)
 
 
 def zerolayer(store_config, *argv):
@@ -107,11 +116,12 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     fleet, records, baseline, store_config, load
 ):
     client = load("pause")
-    runner = fleet.canary("store-pause", records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, "store-pause", runner)
+    rollout_id = unique("store-pause")
+    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, rollout_id, runner)
     assert set(direct_weights(fleet).values()) == {500}
     paused_at = time.monotonic()
-    status, result, err = zerolayer(store_config, "rollout", "pause", "store-pause",
+    status, result, err = zerolayer(store_config, "rollout", "pause", rollout_id,
                                     "--reason", "p99 page")  # fmt: skip
     assert status == 0, err
     assert result["waves"]["gpu_nodes"]["outcome"] == "paused"
@@ -119,7 +129,9 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     honoured_s = time.monotonic() - paused_at
     output = runner.log_path.read_text()
     assert runner.returncode == 0, output[-4000:]
-    assert "p99 page" in output and "without writing anything more" in output
+    wave = wave_status(store_config, rollout_id)
+    assert wave["outcome"] == "paused" and "p99 page" in wave["pause_reason"], wave
+    assert wave["stage"] == 0, "the runner did not go on to the next stage"
     assert set(direct_weights(fleet).values()) == {500}, "the weight stayed: nothing was written"
     print("pause honoured by the runner %.2f s after the command (gate interval %d s)"
           % (honoured_s, GATE_INTERVAL_S))  # fmt: skip
@@ -131,8 +143,9 @@ def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
     fleet, records, baseline, store_config, load
 ):
     client = load("fence")
-    runner = fleet.canary("store-fenced", records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, "store-fenced", runner)
+    rollout_id = unique("store-fenced")
+    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, rollout_id, runner)
     fence_before = zerolayer(store_config, "rollout", "status")[1]["fence"]["epoch"]
     rolled = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
     assert rolled.returncode == 0, rolled.stdout[-4000:]
@@ -149,53 +162,63 @@ def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
     assert {fleet.fence_epoch(node) for node in fleet.nodes} == {fence["epoch"]}
 
     # Its resume is refused, by the command and by the playbook, and changes nothing.
-    status, _result, err = zerolayer(store_config, "rollout", "resume", "store-fenced")
+    status, _result, err = zerolayer(store_config, "rollout", "resume", rollout_id)
     assert status == 4 and "fence" in err
-    resumed = fleet.canary("store-fenced", records, "-e", HOLDING)
+    resumed = fleet.canary(rollout_id, records, "-e", HOLDING)
     assert resumed.returncode != 0
     assert "took fence epoch %d" % fence_before in resumed.stdout, resumed.stdout[-4000:]
     assert set(direct_weights(fleet).values()) == {0}
     # Taken on purpose, the new epoch carries on from its stage.
-    taken = fleet.canary("store-fenced", records, "-e", HOLDING, "-e", "canary_take_epoch=true",
+    taken = fleet.canary(rollout_id, records, "-e", HOLDING, "-e", "canary_take_epoch=true",
                          "-e", "canary_pause_after_weight=5", background=True)  # fmt: skip
-    wait_holding(fleet, store_config, "store-fenced", taken)
-    assert set(direct_weights(fleet).values()) == {500}
-    zerolayer(store_config, "rollout", "pause", "store-fenced")
+    # Its record still says holding: wait for the weight the resumed run writes.
+    deadline = time.monotonic() + 180
+    while set(direct_weights(fleet).values()) != {500}:
+        assert taken.poll() is None, taken.log_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, "the run that took the epoch never wrote its weight"
+        time.sleep(1)
+    zerolayer(store_config, "rollout", "pause", rollout_id)
     wait_ended(taken, timeout=120)
     no_failed_request(client)
 
 
 def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
-    fleet, records, baseline, store_config
+    fleet, records, baseline, store_config, load
 ):
-    runner = fleet.canary("store-owner", records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, "store-owner", runner)
-    second = fleet.canary("store-other", records, "-e", HOLDING)
+    client = load("owner")
+    rollout_id = unique("store-owner")
+    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, rollout_id, runner)
+    second = fleet.canary(unique("store-other"), records, "-e", HOLDING)
     assert second.returncode != 0
-    assert "held by another runner" in second.stdout and "rollout store-owner" in second.stdout
+    assert "held by another runner" in second.stdout and "rollout %s" % rollout_id in second.stdout
     assert set(direct_weights(fleet).values()) == {500}, "the refused runner wrote nothing"
 
     os.killpg(runner.pid, signal.SIGKILL)
     runner.wait(timeout=30)
     owners = zerolayer(store_config, "rollout", "status")[1]["owners"]
     holder = owners["gpu_nodes"]
-    assert holder["rollout_id"] == "store-owner" and holder["ttl_left_s"] > 0, owners
+    assert holder["rollout_id"] == rollout_id and holder["ttl_left_s"] > 0, owners
     deadline = time.monotonic() + 60
     while "gpu_nodes" in zerolayer(store_config, "rollout", "status")[1]["owners"]:
         assert time.monotonic() < deadline, "the dead runner's lease never expired"
         time.sleep(1)
     # A rollback since: the resumed run must not write the weight the fence forbids.
     assert fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records).returncode == 0
-    resumed = fleet.canary("store-owner", records, "-e", HOLDING)
+    resumed = fleet.canary(rollout_id, records, "-e", HOLDING)
     assert resumed.returncode != 0 and "took fence epoch" in resumed.stdout
     assert set(direct_weights(fleet).values()) == {0}
+    no_failed_request(client)
 
 
 def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest(
-    fleet, records, baseline, store_config, tmp_path
+    fleet, records, baseline, store_config, tmp_path, load
 ):
-    runner = fleet.canary("store-abort", records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, "store-abort", runner)
+    # Traffic for the runner's split check; the failing engine's errors are the point here.
+    load("abort")
+    rollout_id = unique("store-abort")
+    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, rollout_id, runner)
     failing = fleet.nodes[0]
     fleet.set_error_rate(1.0, nodes=[failing])
     gone = tmp_path / "gone.ini"
@@ -204,7 +227,7 @@ def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest
         started = time.monotonic()
         proc = subprocess.run(
             [str(ZEROLAYER), "--store-config", str(store_config), "-o", "json", "rollout",
-             "abort", "store-abort", "-i", INVENTORY, "-i", str(gone)],
+             "abort", rollout_id, "-i", INVENTORY, "-i", str(gone)],
             env=fleet.env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         elapsed = time.monotonic() - started

@@ -188,3 +188,30 @@ def test_a_live_holder_is_refused_at_once_even_on_the_same_host(store):
             alive=heartbeat.alive,
             sleep=lambda _s: pytest.fail("must not wait"),
         )
+
+
+def test_the_runner_is_the_topmost_ansible_playbook_not_its_worker(tmp_path):
+    """Modules run in a worker forked from ansible-playbook, with the same command line: the
+    heartbeat must follow the process that lives as long as the rollout."""
+    probe = (
+        "import sys; sys.path.insert(0, %r); "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat; "
+        "print(heartbeat.runner_process()[0])"
+        % os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
+    )
+    playbook = tmp_path / "ansible-playbook"
+    playbook.write_text(
+        "import os, subprocess, sys\n"
+        "print(os.getpid(), flush=True)\n"
+        "worker = os.fork()\n"
+        "if worker == 0:\n"
+        "    subprocess.run([sys.executable, '-c', sys.argv[1]], check=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(worker, 0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(playbook), probe], capture_output=True, text=True, check=True,
+        timeout=60,
+    ).stdout.split()  # fmt: skip
+    top, found = out
+    assert found == top, "the worker (same command line) was taken for the runner"
