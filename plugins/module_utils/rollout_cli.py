@@ -140,7 +140,7 @@ def render_status(report):
             % (scope, holder.get("host"), holder.get("pid"), holder.get("rollout_id"),
                holder.get("since"), holder.get("ttl_left_s"))
         )  # fmt: skip
-    header = "%-18s %-12s %-10s %-7s %7s %-9s %8s %-6s %s" % (
+    header = "%-28s %-12s %-10s %-7s %7s %-9s %8s %-6s %s" % (
         "ROLLOUT", "WAVE", "OUTCOME", "STAGE", "WEIGHT", "VERDICT", "HOLD_S", "EPOCH", "NODES",
     )  # fmt: skip
     lines.append(header)
@@ -151,9 +151,9 @@ def render_status(report):
                 for node, entry in sorted(row["nodes"].items())
             )
             lines.append(
-                "%-18s %-12s %-10s %-7s %7s %-9s %8s %-6s %s"
+                "%-28s %-12s %-10s %-7s %7s %-9s %8s %-6s %s"
                 % (
-                    rollout_id[:18],
+                    rollout_id[:28],
                     wave[:12],
                     "fenced" if row["fenced"] else row["outcome"],
                     "%d/%d" % (row["stage_number"], row["stage_count"]),
@@ -166,7 +166,7 @@ def render_status(report):
             )
             if row["last_gates"]:
                 lines.append(
-                    "%-18s   gates: %s"
+                    "%-28s   gates: %s"
                     % ("", ", ".join("%s %s" % item for item in sorted(row["last_gates"].items())))
                 )
     return "\n".join(lines)

@@ -72,9 +72,11 @@ def _wave_status(record, fence_epoch, now):
     summary["nodes"] = record.get("nodes", {})
     last = record["verdicts"][-1] if record["verdicts"] else {}
     summary["last_reason"] = last.get("reason")
-    summary["last_gates"] = {
-        gate.get("name"): gate.get("verdict") for gate in last.get("gates", []) or []
-    }
+    gates = last.get("gates") or {}
+    # The record keeps {gate: verdict}; a raw canary_gate result has a list of gate results.
+    if isinstance(gates, list):
+        gates = {gate.get("name"): gate.get("verdict") for gate in gates if isinstance(gate, dict)}
+    summary["last_gates"] = dict(gates)
     return summary
 
 
