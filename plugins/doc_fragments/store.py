@@ -4,20 +4,15 @@
 
 
 class ModuleDocFragment:
-    DOCUMENTATION = r"""
-options:
-  endpoints:
-    description:
-      - URLs of the rollout store's members (etcd's v3 JSON gateway on its client port), tried in
-        order, such as V(https://10.0.0.5:2379).
-    type: list
-    elements: str
-    required: true
+    # Shared by both forms below.
+    _COMMON = r"""
   ca_file:
     description: CA certificate that signed the store's server certificates.
     type: path
   cert_file:
-    description: Client certificate of this identity (its CN is the store's user name).
+    description:
+      - Client certificate of this identity, from the store's CA; it admits the client to the TLS
+        handshake, O(user) names it.
     type: path
   key_file:
     description: Private key of O(cert_file).
@@ -31,14 +26,48 @@ options:
   password_file:
     description: File whose first line is O(user)'s password (mode 0600).
     type: path
-  timeout:
-    description: Seconds to wait for each answer of the store.
-    type: float
-    default: 3.0
   prefix:
     description: Key prefix of the rollout store.
     type: str
     default: /zerolayer/
+"""
+
+    _REQUIREMENTS = r"""
 requirements:
   - Python's standard library only (urllib over TLS); no etcd client library.
 """
+
+    # Modules that need the store.
+    DOCUMENTATION = (
+        r"""
+options:
+  endpoints:
+    description:
+      - URLs of the rollout store's members (etcd's v3 JSON gateway on its client port), tried in
+        order, such as V(https://10.0.0.5:2379).
+    type: list
+    elements: str
+    required: true
+  timeout:
+    description: Seconds to wait for each answer of the store.
+    type: float
+    default: 3.0
+"""
+        + _COMMON
+        + _REQUIREMENTS
+    )
+
+    # Modules that use the store when one is given (the record, the fence) and work without.
+    OPTIONAL = (
+        r"""
+options:
+  endpoints:
+    description:
+      - URLs of the rollout store's members (etcd's v3 JSON gateway), such as
+        V(https://10.0.0.5:2379). Empty, no store is used.
+    type: list
+    elements: str
+    default: []
+"""
+        + _COMMON
+    )

@@ -35,18 +35,24 @@ class OwnerConflict(FleetError):
     """Another runner holds the scope."""
 
 
-def store_options():
-    """The argument_spec entries of every module that talks to the rollout store."""
-    return {
+def store_options(required=True):
+    """The argument_spec entries of the modules that talk to the rollout store; not
+    required, an empty endpoints list means no store (and the Prometheus-style timeout
+    option stays the module's own)."""
+    options = {
         "endpoints": {"type": "list", "elements": "str", "required": True},
         "ca_file": {"type": "path"},
         "cert_file": {"type": "path"},
         "key_file": {"type": "path", "no_log": False},
         "user": {"type": "str"},
         "password_file": {"type": "path", "no_log": False},
-        "timeout": {"type": "float", "default": 3.0},
         "prefix": {"type": "str", "default": DEFAULT_PREFIX},
     }
+    if required:
+        options["timeout"] = {"type": "float", "default": 3.0}
+    else:
+        options["endpoints"] = {"type": "list", "elements": "str", "default": []}
+    return options
 
 
 def read_password(path, field="password_file"):

@@ -174,34 +174,10 @@ options:
       - When the store cannot be reached, no gate is evaluated and RV(decision) stays V(continue),
         so the hold cannot end while nobody can see the fence (RV(store_reachable) is false).
     type: int
-  endpoints:
-    description: URLs of the rollout store (etcd); empty, the fence is not read.
-    type: list
-    elements: str
-    default: []
-  ca_file:
-    description: CA certificate of the rollout store.
-    type: path
-  cert_file:
-    description: The controller's client certificate for the rollout store.
-    type: path
-  key_file:
-    description: Private key of O(cert_file).
-    type: path
-  user:
-    description: The rollout store user this identity signs in as (password in O(password_file)).
-    type: str
-  password_file:
-    description: File whose first line is O(user)'s password.
-    type: path
   store_timeout:
     description: Seconds to wait for the rollout store.
     type: float
     default: 3.0
-  prefix:
-    description: Key prefix of the rollout store.
-    type: str
-    default: /zerolayer/
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying
@@ -213,6 +189,8 @@ attributes:
       check_mode), when in diff mode.
     support: full
     details: Shows the history's counters before and after.
+extends_documentation_fragment:
+  - zerolayer.fleet.store.optional
 seealso:
   - module: zerolayer.fleet.rollout_state
 """
@@ -418,7 +396,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records im
     FileRecords,
     StoreRecords,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    store_from_params,
+    store_options,
+)
 
 COUNTERS = (
     "evaluations",
@@ -574,14 +555,8 @@ def main():
             record_path=dict(type="path"),
             record_key=dict(type="str", no_log=False),
             epoch=dict(type="int"),
-            endpoints=dict(type="list", elements="str", default=[]),
-            ca_file=dict(type="path"),
-            cert_file=dict(type="path"),
-            key_file=dict(type="path", no_log=False),
-            user=dict(type="str"),
-            password_file=dict(type="path", no_log=False),
             store_timeout=dict(type="float", default=3.0),
-            prefix=dict(type="str", default="/zerolayer/"),
+            **store_options(required=False),
         ),
         supports_check_mode=True,
     )

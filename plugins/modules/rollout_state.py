@@ -38,34 +38,10 @@ options:
         Every write is a compare-and-swap on the revision read; a record another actor changed
         in between is not overwritten, the action fails naming who changed it.
     type: str
-  endpoints:
-    description: URLs of the rollout store (etcd) holding the records; empty, O(path) holds it.
-    type: list
-    elements: str
-    default: []
-  ca_file:
-    description: CA certificate of the rollout store.
-    type: path
-  cert_file:
-    description: Client certificate for the rollout store.
-    type: path
-  key_file:
-    description: Private key of O(cert_file).
-    type: path
-  user:
-    description: The rollout store user this identity signs in as (password in O(password_file)).
-    type: str
-  password_file:
-    description: File whose first line is O(user)'s password.
-    type: path
   timeout:
     description: Seconds to wait for the rollout store.
     type: float
     default: 3.0
-  prefix:
-    description: Key prefix of the rollout store.
-    type: str
-    default: /zerolayer/
   action:
     description:
       - V(plan) creates or loads the record; V(status) reads it and changes nothing.
@@ -154,6 +130,8 @@ attributes:
       check_mode), when in diff mode.
     support: full
     details: The record before and after, when it changes.
+extends_documentation_fragment:
+  - zerolayer.fleet.store.optional
 seealso:
   - module: zerolayer.fleet.canary_gate
 """
@@ -295,6 +273,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_records
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_options
 
 
 def run(params, check_mode):
@@ -352,14 +331,8 @@ def main():
         argument_spec=dict(
             path=dict(type="path"),
             record_key=dict(type="str", no_log=False),
-            endpoints=dict(type="list", elements="str", default=[]),
-            ca_file=dict(type="path"),
-            cert_file=dict(type="path"),
-            key_file=dict(type="path", no_log=False),
-            user=dict(type="str"),
-            password_file=dict(type="path", no_log=False),
             timeout=dict(type="float", default=3.0),
-            prefix=dict(type="str", default="/zerolayer/"),
+            **store_options(required=False),
             action=dict(type="str", required=True, choices=list(rollout.ACTIONS)),
             rollout_id=dict(type="str"),
             schedule=dict(type="list", elements="dict"),
