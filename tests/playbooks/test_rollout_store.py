@@ -95,6 +95,14 @@ def wait_holding(fleet, store_config, rollout_id, process, timeout=240):
     pytest.fail("the runner never held:\n%s" % process.log_path.read_text()[-4000:])
 
 
+def holding_runner(fleet, records, store_config, name):
+    """A canary of a rollout id of its own, in the background, once it holds its 5 % stage."""
+    rollout_id = unique(name)
+    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    wait_holding(fleet, store_config, rollout_id, runner)
+    return rollout_id, runner
+
+
 def wait_ended(process, timeout):
     started = time.monotonic()
     process.wait(timeout=timeout)
@@ -116,9 +124,7 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     fleet, records, baseline, store_config, load
 ):
     client = load("pause")
-    rollout_id = unique("store-pause")
-    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, rollout_id, runner)
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-pause")
     assert set(direct_weights(fleet).values()) == {500}
     paused_at = time.monotonic()
     status, result, err = zerolayer(store_config, "rollout", "pause", rollout_id,
@@ -143,9 +149,7 @@ def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
     fleet, records, baseline, store_config, load
 ):
     client = load("fence")
-    rollout_id = unique("store-fenced")
-    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, rollout_id, runner)
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-fenced")
     fence_before = zerolayer(store_config, "rollout", "status")[1]["fence"]["epoch"]
     rolled = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
     assert rolled.returncode == 0, rolled.stdout[-4000:]
@@ -186,9 +190,7 @@ def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     fleet, records, baseline, store_config, load
 ):
     client = load("owner")
-    rollout_id = unique("store-owner")
-    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, rollout_id, runner)
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-owner")
     second = fleet.canary(unique("store-other"), records, "-e", HOLDING)
     assert second.returncode != 0
     assert "held by another runner" in second.stdout and "rollout %s" % rollout_id in second.stdout
@@ -216,9 +218,7 @@ def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest
 ):
     # Traffic for the runner's split check; the failing engine's errors are the point here.
     load("abort")
-    rollout_id = unique("store-abort")
-    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
-    wait_holding(fleet, store_config, rollout_id, runner)
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-abort")
     failing = fleet.nodes[0]
     fleet.set_error_rate(1.0, nodes=[failing])
     gone = tmp_path / "gone.ini"
