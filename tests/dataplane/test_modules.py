@@ -98,8 +98,18 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
     assert info["latency"]["p99_ns"] >= info["latency"]["p50_ns"]
     assert info["router"]["link"]["netns_ino"] == os.stat(netns.path).st_ino
 
-    detached = ansible("router", state="detached", **pin)
+    # The fence: a raise with an epoch older than the node's is refused, the map unchanged.
+    assert ansible("route", name="svc", weight="0", epoch=4, **pin)["changed"]
+    before = route_map_bytes(layout)
+    stale = ansible("route", name="svc", weight="50", epoch=3, **pin)
+    assert stale.get("failed") and stale["field"] == "epoch", stale
+    assert "epoch 3" in stale["msg"] and "fence epoch 4" in stale["msg"]
+    assert route_map_bytes(layout) == before
+    assert ansible("route", name="svc", weight="100", epoch=4, **pin)["changed"]
+
+    detached = ansible("router", state="detached", epoch=6, **pin)
     assert detached["changed"] and not detached["router"]["attached"]
+    assert detached["fence"] == {"epoch_before": 4, "epoch": 6}
     assert netns.clients(count=100)["served"] == {"proxy": 100}
     assert ansible("router", state="absent", **pin)["changed"]
     assert not os.path.exists(layout.pin_dir)
