@@ -14,11 +14,11 @@ store's own message when the store answered with an error (permission denied, sa
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import socket
 import ssl
-import urllib.error
-import urllib.request
+import urllib.parse
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
@@ -124,43 +124,51 @@ class EtcdClient:
     # ------------------------------------------------------------ transport
 
     def _open(self, path, body, timeout, token=True):
+        """POST body to path on the first endpoint that answers; an open _Response."""
         if token and self.user and self._token is None:
             self._authenticate()
         headers = {"Content-Type": "application/json"}
         if token and self._token:
             headers["Authorization"] = self._token
+        data = json.dumps(body).encode()
         errors = []
         for endpoint in self.endpoints:
-            # Endpoints are checked to be http(s) URLs in __init__.
-            request = urllib.request.Request(  # noqa: S310
-                endpoint + path,
-                data=json.dumps(body).encode(),
-                headers=headers,
-                method="POST",
-            )
-            try:
-                return urllib.request.urlopen(  # noqa: S310
-                    request, timeout=timeout, context=self._context
+            url = urllib.parse.urlsplit(endpoint)
+            if url.scheme == "https":
+                connection = http.client.HTTPSConnection(
+                    url.hostname, url.port or 2379, timeout=timeout, context=self._context
                 )
-            except urllib.error.HTTPError as exc:
-                raise self._answered_error(path, exc) from None
-            except (OSError, ssl.SSLError) as exc:  # refused, timed out, TLS handshake
-                errors.append("%s: %s" % (endpoint, getattr(exc, "reason", exc)))
+            else:
+                connection = http.client.HTTPConnection(
+                    url.hostname, url.port or 2379, timeout=timeout
+                )
+            try:
+                connection.request("POST", url.path.rstrip("/") + path, data, headers)
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException) as exc:  # refused, timed out, TLS
+                connection.close()
+                errors.append("%s: %s" % (endpoint, exc))
+                continue
+            if response.status >= 400:
+                text = response.read()
+                connection.close()
+                raise self._answered_error(path, response.status, response.reason, text)
+            return _Response(connection, response)
         raise StoreUnavailable(
             "the rollout store cannot be reached (%s)" % "; ".join(errors),
             {"endpoints": self.endpoints},
         )
 
     @staticmethod
-    def _answered_error(path, exc):
+    def _answered_error(path, status, reason, text):
         try:
-            answer = json.loads(exc.read().decode() or "{}")
+            answer = json.loads(text.decode() or "{}")
         except ValueError:
             answer = {}
-        message = answer.get("message") or answer.get("error") or exc.reason
+        message = answer.get("message") or answer.get("error") or reason
         return FleetError(
-            "the rollout store refused %s: %s (HTTP %s)" % (path, message, exc.code),
-            {"status": exc.code, "store_error": message},
+            "the rollout store refused %s: %s (HTTP %s)" % (path, message, status),
+            {"status": status, "store_error": message},
         )
 
     def _authenticate(self):
@@ -309,6 +317,34 @@ class EtcdClient:
             ) from None
         finally:
             response.close()
+
+
+class _Response:
+    """An answer of the store and its connection, closed together."""
+
+    def __init__(self, connection, response):
+        self.connection = connection
+        self.response = response
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def read(self):
+        return self.response.read()
+
+    def __iter__(self):
+        while True:
+            line = self.response.readline()
+            if not line:
+                return
+            yield line
+
+    def close(self):
+        self.response.close()
+        self.connection.close()
 
 
 def _encode(value):
