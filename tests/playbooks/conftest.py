@@ -260,10 +260,10 @@ class Fleet:
             start_new_session=True,
         )
         try:
-            stdout, _ = process.communicate(timeout=timeout)
+            stdout = process.communicate(timeout=timeout)[0]
         except subprocess.TimeoutExpired:
             kill_tree(process)
-            stdout, _ = process.communicate()
+            stdout = process.communicate()[0]
             raise AssertionError(
                 "ansible-playbook %s ran past %d s and was ended:\n%s"
                 % (name, timeout, stdout[-6000:])
