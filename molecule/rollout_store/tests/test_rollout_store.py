@@ -86,7 +86,7 @@ def gateway(host, identity, path, body, token=None, endpoint=LOCAL):
         command += ["-H", f"Authorization: {token}"]
     command += ["-X", "POST", "-d", json.dumps(body), endpoint + path]
     result = host.run(shlex.join(command))
-    body_text, _, status = result.stdout.rpartition("\n")
+    body_text, _newline, status = result.stdout.rpartition("\n")
     return result.rc, status, body_text
 
 
@@ -133,7 +133,7 @@ def test_serves_tls_with_the_stores_certificate(host, endpoint):
 
 
 def test_client_without_certificate_is_refused(host, endpoint):
-    rc, _, body = gateway(
+    rc, _status, body = gateway(
         host, None, "/v3/kv/range", {"key": b64("/zerolayer/fence")}, endpoint=endpoint
     )
     assert rc != 0, body
@@ -229,7 +229,7 @@ def test_node_through_the_json_gateway(host, node, endpoint):
 def test_certificate_without_password_or_with_a_wrong_one_gets_nothing(host, node, endpoint):
     anonymous = {"cert": node["cert"], "key": node["key"]}
     assert etcdctl(host, anonymous, "get", "/zerolayer/fence", endpoint=endpoint).rc != 0
-    _, status, body = gateway(
+    _rc, status, body = gateway(
         host, anonymous, "/v3/kv/range", {"key": b64("/zerolayer/fence")}, None, endpoint
     )
     assert status != "200", body
