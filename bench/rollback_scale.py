@@ -149,7 +149,7 @@ def ansible_settings():
         "forks": parser.get("defaults", "forks", fallback="5"),
         "strategy": parser.get("defaults", "strategy", fallback="linear"),
         "pipelining": parser.get("ssh_connection", "pipelining", fallback="False"),
-        "connection": "containers.podman.podman (podman exec, no SSH)",
+        "connection": "ssh, ControlPersist (inventories/sandbox)",
         "gather_facts": "false (fast and deep)",
     }
 

@@ -55,6 +55,18 @@ WantedBy=local-fs.target
 UNIT
 systemctl enable sandbox-bpffs.service >/dev/null 2>&1
 
+# Ansible reaches a node over SSH, as root with a key only: the key pair is made on the
+# controller (scripts/sandbox) and the public half is mounted as root's authorized_keys
+# when a node starts. The host keys baked here are the same on every node; the sandbox's
+# inventory does not pin them (tests/sandbox/README.md).
+cat >/etc/ssh/sshd_config.d/zerolayer-sandbox.conf <<'CONF'
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UseDNS no
+CONF
+systemctl enable ssh.service >/dev/null 2>&1
+
 # Each container gets its own machine id at first boot.
 : >/etc/machine-id
 rm -f /var/lib/dbus/machine-id
