@@ -99,6 +99,11 @@ def test_inventory_groups_scale_with_the_fleet(fleet):
     }
     assert all(vars_["zerolayer_node_address"] for vars_ in addresses.values())
     assert len({str(vars_["zerolayer_node_address"]) for vars_ in addresses.values()}) == 3
+    # Ansible reaches every node over SSH at that address, as it reaches a real node.
+    assert sorted(inventory["sandbox_nodes"]["hosts"]) == sorted([MONITOR, *fleet])
+    for vars_ in addresses.values():
+        assert vars_["ansible_connection"] == "ansible.builtin.ssh"
+        assert vars_["ansible_host"] == vars_["zerolayer_node_address"]
 
 
 def test_ansible_reaches_every_node(fleet):
