@@ -4,8 +4,8 @@
  * leave the choice to the kernel (the proxy bound to the port gets it) or hand
  * the connection to a model engine's own listening socket.
  *
- * The choice is a pure function of the connection's 4-tuple and the route's
- * weight. It must be: with SYN cookies the final ACK runs this lookup again and
+ * The choice is a pure function of the connection's 4-tuple, the route's weight
+ * and the node's seeds (zl_config). It must be: with SYN cookies the final ACK runs this lookup again and
  * has to land on the same socket as the SYN did.
  */
 #include <linux/bpf.h>
@@ -57,9 +57,26 @@ struct {
 	__type(value, __u64);
 } zl_latency SEC(".maps");
 
-/* Seeds keep the weight hash and the slot hash independent of each other. */
-#define ZL_SEED_WEIGHT 0x9e3779b97f4a7c15ULL
-#define ZL_SEED_SLOT 0xc2b2ae3d27d4eb4fULL
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct zl_config);
+} zl_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ZL_MAX_ROUTES * ZL_MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} zl_families SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ZL_MAX_ROUTES);
+	__type(key, __u32);
+	__type(value, __u32);
+} zl_weights SEC(".maps");
 
 /* splitmix64's finaliser: every input bit moves about half the output bits. */
 static __always_inline __u64 zl_mix(__u64 x)
@@ -120,23 +137,43 @@ static __always_inline __u32 zl_slot_limit(const struct zl_route *route)
 }
 
 /*
- * Counts the live sockets among the route's first limit slots and keeps a
- * reference to the first one (NULL when none is live): with one engine, the
- * usual case, that is the answer and no second pass is needed.
+ * The socket in one slot if it is live and can take the connection's family (a
+ * reference to release), else NULL. Sockets of another family are not candidates at
+ * all: one v4 and one v6 socket on a route must not send half of each family's
+ * engine-path connections to a socket that refuses them.
+ */
+static __always_inline struct bpf_sock *zl_usable_socket(__u32 key, __u32 wanted_family)
+{
+	struct bpf_sock *sk = bpf_map_lookup_elem(&zl_sockets, &key);
+	__u32 *families;
+
+	if (!sk)
+		return NULL;
+	families = bpf_map_lookup_elem(&zl_families, &key);
+	if (families && *families && !(*families & wanted_family)) {
+		bpf_sk_release(sk);
+		return NULL;
+	}
+	return sk;
+}
+
+/*
+ * Counts the usable sockets among the route's first limit slots and keeps a
+ * reference to the first one (NULL when none is): with one engine, the usual case,
+ * that is the answer and no second pass is needed.
  */
 static __always_inline __u32 zl_live_slots(__u32 route_index, __u32 limit,
-					   struct bpf_sock **first)
+					   __u32 wanted_family, struct bpf_sock **first)
 {
 	__u32 live = 0;
 
 	*first = NULL;
 	for (__u32 slot = 0; slot < ZL_MAX_SLOTS; slot++) {
-		__u32 key = zl_socket_key(route_index, slot);
 		struct bpf_sock *sk;
 
 		if (slot >= limit)
 			break;
-		sk = bpf_map_lookup_elem(&zl_sockets, &key);
+		sk = zl_usable_socket(zl_socket_key(route_index, slot), wanted_family);
 		if (!sk)
 			continue;
 		live++;
@@ -148,18 +185,16 @@ static __always_inline __u32 zl_live_slots(__u32 route_index, __u32 limit,
 	return live;
 }
 
-/* Returns the nth live socket among the first limit slots (a reference to release), or NULL. */
+/* Returns the nth usable socket among the first limit slots (a reference to release), or NULL. */
 static __always_inline struct bpf_sock *zl_nth_live_socket(__u32 route_index, __u32 limit,
-							   __u32 nth)
+							   __u32 wanted_family, __u32 nth)
 {
 	for (__u32 slot = 0; slot < ZL_MAX_SLOTS; slot++) {
-		__u32 key = zl_socket_key(route_index, slot);
 		struct bpf_sock *sk;
 
 		if (slot >= limit)
 			break;
-		sk = bpf_map_lookup_elem(&zl_sockets, &key);
-
+		sk = zl_usable_socket(zl_socket_key(route_index, slot), wanted_family);
 		if (!sk)
 			continue;
 		if (nth == 0)
@@ -180,52 +215,63 @@ SEC("sk_lookup")
 int zerolayer_router(struct bpf_sk_lookup *ctx)
 {
 	struct zl_counters *counters;
+	struct zl_config *config;
 	struct zl_route *route;
+	__u32 *weight_bp;
 	__u64 weight_hash, started_ns = 0;
 	struct bpf_sock *sk;
-	__u32 port, index, limit, live, nth;
+	__u32 port, index, limit, live, nth, wanted_family, config_key = 0;
 	int timed;
 
 	asm volatile("r0 = %[stamp]" : : [stamp] "i"(ZL_BUILD_STAMP) : "r0");
 
 	if (ctx->protocol != IPPROTO_TCP)
 		return SK_PASS;
-	weight_hash = zl_tuple_hash(ctx, ZL_SEED_WEIGHT);
-	timed = zl_timed(weight_hash);
-	if (timed)
-		started_ns = bpf_ktime_get_ns();
+	/* The route first: a port with no route pays one lookup and no hash. */
 	port = ctx->local_port;
 	route = bpf_map_lookup_elem(&zl_routes, &port);
 	if (!route)
 		return SK_PASS;
+	config = bpf_map_lookup_elem(&zl_config, &config_key);
+	if (!config)
+		return SK_PASS;
+	weight_hash = zl_tuple_hash(ctx, config->seed_weight);
+	timed = zl_timed(weight_hash);
+	if (timed)
+		started_ns = bpf_ktime_get_ns();
 	index = route->route_index;
 	counters = bpf_map_lookup_elem(&zl_counters, &index);
-	if (!counters || index >= ZL_MAX_ROUTES)
+	weight_bp = bpf_map_lookup_elem(&zl_weights, &index);
+	if (!counters || !weight_bp || index >= ZL_MAX_ROUTES)
 		return SK_PASS;
 	counters->lookups++;
 
-	if (weight_hash % ZL_WEIGHT_SCALE >= route->weight_bp) {
+	if (weight_hash % ZL_WEIGHT_SCALE >= *weight_bp) {
 		counters->to_proxy_by_weight++;
 		goto out;
 	}
 
+	wanted_family = ctx->family == AF_INET ? ZL_TAKES_IPV4 : ZL_TAKES_IPV6;
 	limit = zl_slot_limit(route);
-	live = zl_live_slots(index, limit, &sk);
-	nth = live > 1 ? zl_tuple_hash(ctx, ZL_SEED_SLOT) % live : 0;
+	live = zl_live_slots(index, limit, wanted_family, &sk);
+	if (!sk)
+		goto no_socket;
+	nth = live > 1 ? zl_tuple_hash(ctx, config->seed_slot) % live : 0;
 	if (nth) {
 		bpf_sk_release(sk);
-		sk = zl_nth_live_socket(index, limit, nth);
-	}
-	if (!sk) {
-		/* Raced with an engine going away, or none registered: the proxy takes it. */
-		counters->fallback_no_socket++;
-		goto out;
+		sk = zl_nth_live_socket(index, limit, wanted_family, nth);
+		if (!sk)
+			goto no_socket;
 	}
 	if (bpf_sk_assign(ctx, sk, 0) == 0)
 		counters->to_engine++;
 	else
 		counters->assign_errors++;
 	bpf_sk_release(sk);
+	goto out;
+no_socket:
+	/* Raced with an engine going away, or none registered: the proxy takes it. */
+	counters->fallback_no_socket++;
 out:
 	if (timed)
 		zl_record_latency(started_ns);

@@ -24,12 +24,26 @@
  * Which ones is a function of the 4-tuple: the top bits of the weight hash are 0.
  */
 #define ZL_LATENCY_SAMPLE_SHIFT 4
+/*
+ * The layout of the pinned maps. 1: the first release (four maps, constant seeds).
+ * 2: adds zl_config (the node's own seeds and this number), zl_families and
+ *    zl_weights (the weight leaves zl_route, so a rollback is one blind write).
+ * User space refuses pins whose layout it does not know (route_codec.MAP_SPECS).
+ */
+#define ZL_LAYOUT_VERSION 2
+/* Bits of a zl_families value: the address families a slot's socket can take. */
+#define ZL_TAKES_IPV4 1
+#define ZL_TAKES_IPV6 2
 
 /* zl_routes: BPF_MAP_TYPE_HASH, key __u32 local port (host order). */
 struct zl_route {
 	char name[ZL_ROUTE_NAME_LEN];
 	__u32 port;        /* same as the key; kept for readers of the value alone */
-	__u32 weight_bp;   /* share of new connections sent to the engine, 0..10000 */
+	/*
+	 * Layout 1 only: the route's weight. Since layout 2 the weight is in zl_weights,
+	 * the program does not read this, and user space writes 0 here.
+	 */
+	__u32 legacy_weight_bp;
 	__u64 generation;  /* bumped by user space on every write of this entry */
 	__u32 route_index; /* selects the sockets slots and the counters of this route */
 	/*
@@ -51,6 +65,33 @@ static inline __u32 zl_socket_key(__u32 route_index, __u32 slot)
 {
 	return route_index * ZL_MAX_SLOTS + slot;
 }
+
+/*
+ * zl_families: BPF_MAP_TYPE_ARRAY, key as zl_sockets, value __u32 ZL_TAKES_* bits of
+ * the socket in that slot: an IPv4 socket takes IPv4, a v6-only one IPv6, a dual-stack
+ * one both. Written before the socket is inserted. 0 (a socket registered by layout 1)
+ * means not known: any family may try, and a refusal counts as an assign error.
+ */
+
+/*
+ * zl_config: BPF_MAP_TYPE_ARRAY, one entry (key 0). Written once, when the maps are
+ * made, from the kernel's random source: two nodes decide differently for the same
+ * tuple, and no client can pick source ports that always reach (or avoid) the engine.
+ * A program upgrade reuses the maps, so every tuple keeps its path across it.
+ */
+struct zl_config {
+	__u32 layout_version; /* ZL_LAYOUT_VERSION of the code that made the maps */
+	__u32 reserved;       /* 0 */
+	__u64 seed_weight;    /* seeds the hash that picks the path */
+	__u64 seed_slot;      /* seeds the hash that picks among several engine sockets */
+};
+
+/*
+ * zl_weights: BPF_MAP_TYPE_ARRAY, key __u32 route index, value __u32 weight in basis
+ * points (0..10000): the share of the route's new connections sent to the engine.
+ * Its own map so that setting a weight is one update of 4 bytes, with no read first:
+ * a fast rollback writes 0 everywhere without waiting for any other writer.
+ */
 
 /* zl_counters: BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 route index. */
 struct zl_counters {

@@ -24,6 +24,7 @@ _PIDFD_OPEN_SYSCALL = 434  # the same number on every architecture
 _PIDFD_GETFD_SYSCALL = 438
 
 # enum bpf_cmd
+BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
@@ -43,6 +44,7 @@ BPF_NOEXIST = 1
 BPF_EXIST = 2
 
 BPF_F_REPLACE = 1 << 2  # link update: only if the link still runs old_prog_fd
+BPF_F_RDONLY = 1 << 3  # BPF_OBJ_GET file_flags: the fd can look up but never update or delete
 BPF_SK_LOOKUP = 36  # enum bpf_attach_type
 BPF_STATS_RUN_TIME = 0
 SOCKMAP_ABSENT_ERRNOS = (errno_codes.ENOENT, errno_codes.EINVAL)
@@ -135,11 +137,20 @@ def _path_buffer(path):
 # Pinned objects
 
 
-def obj_get(path, what=None):
-    """Open a pinned BPF object (program, map or link) and return a new fd."""
+def obj_get(path, what=None, read_only=False):
+    """Open a pinned BPF object (program, map or link) and return a new fd.
+
+    read_only: updates and deletes through the fd fail with EPERM, and opening needs
+    only read permission on the pin. A link cannot be opened so (the kernel: EINVAL).
+    """
     path_buf = _path_buffer(path)
-    attr = _attr(("=Q", 0, _address(path_buf)))
-    return bpf(BPF_OBJ_GET, attr, what or "opening pinned BPF object %s" % path)
+    flags = BPF_F_RDONLY if read_only else 0
+    attr = _attr(("=Q", 0, _address(path_buf)), ("=I", 12, flags))
+    return bpf(
+        BPF_OBJ_GET,
+        attr,
+        what or "opening pinned BPF object %s%s" % (path, " read-only" if read_only else ""),
+    )
 
 
 def obj_pin(fd, path):
@@ -147,6 +158,24 @@ def obj_pin(fd, path):
     path_buf = _path_buffer(path)
     attr = _attr(("=Q", 0, _address(path_buf)), ("=I", 8, fd))
     bpf(BPF_OBJ_PIN, attr, "pinning BPF object at %s" % path)
+
+
+# Maps
+
+
+def map_create(map_type, key_size, value_size, max_entries, name):
+    """Create a map and return its fd (name: at most 15 bytes, the kernel's limit)."""
+    encoded = name.encode("ascii")
+    if len(encoded) > 15:
+        raise FleetError("map name %r is longer than 15 bytes" % name, {"field": "name"})
+    attr = _attr(
+        ("=I", 0, map_type),
+        ("=I", 4, key_size),
+        ("=I", 8, value_size),
+        ("=I", 12, max_entries),
+        ("=16s", 28, encoded),
+    )
+    return bpf(BPF_MAP_CREATE, attr, "creating BPF map %s" % name)
 
 
 # Map elements

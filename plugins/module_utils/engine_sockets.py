@@ -20,13 +20,18 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import Flee
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    FAMILIES_MAP,
     SOCKETS_MAP,
+    has_map,
     opened_map,
     writer_lock,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    FAMILIES_VALUE,
     MAX_SLOTS,
     SOCKET_VALUE,
+    TAKES_IPV4,
+    TAKES_IPV6,
     socket_key,
     validate_port,
     validate_slot,
@@ -101,7 +106,11 @@ def fd_of_inode(pid, inode):
 
 
 def wait_for_listener(pid, port, family=None, timeout=30.0):
-    """Poll until pid holds a TCP socket listening on port; return (family, fd number)."""
+    """Poll until pid holds a TCP socket listening on port; return (family, fd number, inode).
+
+    The fd number is only what /proc said a moment ago: the caller checks the copy it
+    takes (check_engine_socket) against the inode and port found here.
+    """
     deadline = time.monotonic() + timeout
     while True:
         if not os.path.exists("/proc/%d" % pid):
@@ -109,7 +118,7 @@ def wait_for_listener(pid, port, family=None, timeout=30.0):
         for found_family, inode in listening_inodes(pid, port, family):
             fd = fd_of_inode(pid, inode)
             if fd is not None:
-                return found_family, fd
+                return found_family, fd, inode
         if time.monotonic() >= deadline:
             raise FleetError(
                 "pid %d holds no TCP socket listening on port %d%s after %s seconds"
@@ -129,14 +138,27 @@ def socket_netns_inode(fd):
 
 
 def describe_socket(fd):
-    """family, type, protocol, listening, netns inode and cookie of the socket behind fd."""
-    sock = socket.socket(fileno=os.dup(fd))
+    """What the router needs to know of the socket behind fd (not a socket: FleetError)."""
     try:
+        inode = os.fstat(fd).st_ino
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError as exc:
+        raise FleetError(
+            "the engine's fd is not a socket (%s); the process may have closed and reused it"
+            % exc.strerror,
+            {"field": "pid", "errno": exc.errno},
+        ) from None
+    try:
+        family = sock.getsockopt(socket.SOL_SOCKET, _SO_DOMAIN)
         return {
-            "family": sock.getsockopt(socket.SOL_SOCKET, _SO_DOMAIN),
+            "family": family,
             "type": sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE),
             "protocol": sock.getsockopt(socket.SOL_SOCKET, _SO_PROTOCOL),
             "listening": bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)),
+            "v6only": family == socket.AF_INET6
+            and bool(sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY)),
+            "port": sock.getsockname()[1] if family in FAMILIES.values() else None,
+            "inode": inode,
             "netns_ino": socket_netns_inode(fd),
             "cookie": struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, _SO_COOKIE, 8))[0],
         }
@@ -144,9 +166,28 @@ def describe_socket(fd):
         sock.close()
 
 
-def check_engine_socket(info, family, want_netns):
-    """Refuse anything the router could not, or should not, hand connections to."""
+def families_taken(info):
+    """The ZL_TAKES_* bits of a socket: the connection families bpf_sk_assign accepts for it."""
+    if info["family"] == socket.AF_INET:
+        return TAKES_IPV4
+    return TAKES_IPV6 if info["v6only"] else TAKES_IPV4 | TAKES_IPV6
+
+
+def check_engine_socket(info, family, want_netns, inode=None, port=None):
+    """Refuse anything the router could not, or should not, hand connections to.
+
+    inode and port are what the /proc scan found: between the scan and pidfd_getfd the
+    process may have closed that fd and opened another (or the pid may be another
+    process now), so the copy itself must be the socket the scan saw.
+    """
     problems = []
+    if inode is not None and info["inode"] != inode:
+        problems.append(
+            "the fd now holds socket inode %d, not the listener %d the scan found "
+            "(the fd or the pid was reused meanwhile)" % (info["inode"], inode)
+        )
+    if port is not None and info["port"] != port:
+        problems.append("it is bound to port %s, not %d" % (info["port"], port))
     if info["type"] != socket.SOCK_STREAM or info["protocol"] != socket.IPPROTO_TCP:
         problems.append("it is not a TCP socket")
     if not info["listening"]:
@@ -172,7 +213,7 @@ def router_netns_inode(layout):
 def read_slots(layout, route_index):
     """{slot: socket cookie} of the live sockets registered for a route."""
     slots = {}
-    with opened_map(layout, SOCKETS_MAP) as fd:
+    with opened_map(layout, SOCKETS_MAP, read_only=True) as fd:
         for slot in range(MAX_SLOTS):
             raw = bpf_syscall.map_lookup(fd, socket_key(route_index, slot), SOCKET_VALUE.size)
             if raw is not None:
@@ -201,7 +242,7 @@ def register_engine_socket(
         )
     entry = require_route(layout, route)
     want_netns = router_netns_inode(layout)
-    _found_family, target_fd = wait_for_listener(pid, listen_port, family, timeout)
+    _found_family, target_fd, inode = wait_for_listener(pid, listen_port, family, timeout)
     pidfd = bpf_syscall.pidfd_open(pid)
     try:
         engine_fd = bpf_syscall.pidfd_getfd(pidfd, target_fd)
@@ -209,7 +250,7 @@ def register_engine_socket(
         os.close(pidfd)
     try:
         info = describe_socket(engine_fd)
-        check_engine_socket(info, family, want_netns)
+        check_engine_socket(info, family, want_netns, inode=inode, port=listen_port)
         with writer_lock(layout):
             slots = read_slots(layout, entry.route_index)
             before = slots.get(slot)
@@ -222,6 +263,14 @@ def register_engine_socket(
                     "engine socket in slot %d of route %r" % (slot, route),
                     check_mode,
                 )
+            if not check_mode and has_map(layout, FAMILIES_MAP):
+                # Before the insert: the program never sees this socket with another's bits.
+                with opened_map(layout, FAMILIES_MAP) as families_fd:
+                    bpf_syscall.map_update(
+                        families_fd,
+                        socket_key(entry.route_index, slot),
+                        FAMILIES_VALUE.pack(families_taken(info)),
+                    )
             if changed and not check_mode:
                 with opened_map(layout, SOCKETS_MAP) as map_fd:
                     # One update replaces whatever the slot held: no moment without a socket.

@@ -36,7 +36,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_PORT = 9464
-DEFAULT_ADDRESS = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the node from outside
+# Loopback unless told otherwise: the role passes the node's address that Prometheus scrapes.
+DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_ROLLOUT_RECORD = "/var/lib/zerolayer/rollout.json"
 EXPORTED_BUCKETS = 32  # le up to 2^32 ns (4.3 s); slower decisions land in +Inf only
 NS_PER_SECOND = 1e9
@@ -59,8 +60,9 @@ _HELP = {
     "namespace",
     "zerolayer_router_info": "The program that runs now",
     "zerolayer_router_run_seconds_total": "Kernel time spent in the program "
-    "(BPF_ENABLE_STATS run_time_ns)",
-    "zerolayer_router_runs_total": "Program runs (BPF_ENABLE_STATS run_cnt)",
+    "(BPF_ENABLE_STATS run_time_ns; only with --run-time-stats)",
+    "zerolayer_router_runs_total": "Program runs (BPF_ENABLE_STATS run_cnt; only with "
+    "--run-time-stats)",
     "zerolayer_route_weight_ratio": "The weight written: share of new connections sent to the "
     "engine, 0..1",
     "zerolayer_route_generation": "Bumped on every write of the route",
@@ -91,11 +93,48 @@ _HELP = {
 # Snapshot
 
 
-def collect(layout):
+def _program_and_link(layout, run_time_stats):
+    """(program or None, attached): the pinned program, and whether the link runs it.
+
+    The program is opened read-only. A link pin cannot be opened read-only (the kernel
+    allows BPF_OBJ_GET of a link only read-write), so its fd lives just long enough
+    to read the link's information.
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+
+    program = None
+    if os.path.exists(layout.prog):
+        fd = bpf_syscall.obj_get(layout.prog, read_only=True)
+        try:
+            info = bpf_syscall.prog_info(fd)
+        finally:
+            os.close(fd)
+        # Without run-time statistics the kernel counts nothing (unless another holder
+        # switched them on): stale or zero numbers are left out rather than exported.
+        keys = ("id", "tag", "run_time_ns", "run_cnt") if run_time_stats else ("id", "tag")
+        program = {key: info[key] for key in keys}
+    link = None
+    if os.path.exists(layout.link):
+        fd = bpf_syscall.obj_get(layout.link)
+        try:
+            link = bpf_syscall.link_info(fd)
+        finally:
+            os.close(fd)
+    # A force-detached link, or one whose netns is gone, reports netns inode 0.
+    attached = bool(
+        program and link and link.get("netns_ino", 0) != 0 and link["prog_id"] == program["id"]
+    )
+    return program, attached
+
+
+def collect(layout, run_time_stats=False):
     """One read of the router: {attached, program, routes, latency_buckets}.
 
     Nothing pinned, or only the maps pinned (detached router): attached is 0 and
-    whatever is still readable is reported.
+    whatever is still readable is reported. The program's run_time_ns and run_cnt
+    are read only with run_time_stats (the exporter then holds BPF_ENABLE_STATS).
+    Every map is read through a read-only fd, checked against its spec first (the
+    readers of routes, engine_sockets and metrics): the exporter cannot change one.
     """
     from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
         read_slots,
@@ -105,19 +144,13 @@ def collect(layout):
         read_latency_buckets,
     )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
-        router_state,
-    )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
 
-    state = router_state(layout) if os.path.isdir(layout.pin_dir) else None
-    snapshot = {
-        "attached": bool(state and state["attached"]),
-        "program": state["program"] if state else None,
-        "routes": [],
-        "latency_buckets": None,
-    }
-    if state is None or missing_pins(layout):
+    snapshot = {"attached": False, "program": None, "routes": [], "latency_buckets": None}
+    if not os.path.isdir(layout.pin_dir):
+        return snapshot
+    snapshot["program"], snapshot["attached"] = _program_and_link(layout, run_time_stats)
+    if missing_pins(layout):
         return snapshot
     for route in read_routes(layout):
         snapshot["routes"].append(
@@ -304,7 +337,7 @@ def render(snapshot):
                 )
             ],
         )
-    if program:
+    if program and "run_time_ns" in program:
         _family(
             lines,
             "zerolayer_router_run_seconds_total",
@@ -496,32 +529,58 @@ def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
     return MetricsHandler
 
 
+def metrics_server(address, port, handler):
+    """A threading HTTP server bound to address:port (IPv4 or IPv6).
+
+    IP_FREEBIND lets the bind succeed before the node's address is configured at
+    boot, as systemd's FreeBind= does: the exporter then answers as soon as the
+    address comes up instead of failing until its restart limit is reached.
+    """
+    import socket
+    from http.server import ThreadingHTTPServer
+
+    class MetricsServer(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        daemon_threads = True
+
+        def server_bind(self):
+            self.socket.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_FREEBIND", 15), 1)
+            super().server_bind()
+
+    return MetricsServer((address, port), handler)
+
+
 def serve(
     layout,
     address=DEFAULT_ADDRESS,
     port=DEFAULT_PORT,
-    keep_stats=True,
+    run_time_stats=False,
     rollout_record=DEFAULT_ROLLOUT_RECORD,
 ):
     """Serve /metrics until interrupted.
 
-    With keep_stats the exporter holds a BPF_ENABLE_STATS fd for its whole life, so
-    the kernel keeps counting run_time_ns/run_cnt of the program (about 20 ns per
-    run) without touching the kernel.bpf_stats_enabled sysctl; the counting stops
-    when the exporter exits. rollout_record is the node's copy of the rollout record,
-    read on every scrape; None leaves the rollout series out.
+    With run_time_stats the exporter holds a BPF_ENABLE_STATS fd for its whole life,
+    so the kernel keeps counting run_time_ns/run_cnt of the program without touching
+    the kernel.bpf_stats_enabled sysctl, and the two series built from them are
+    exported. It costs about 20 ns on every run of every BPF program on the node and
+    needs CAP_SYS_ADMIN, so it is off unless asked for; the counting stops when the
+    exporter exits. rollout_record is the node's copy of the rollout record, read on
+    every scrape; None leaves the rollout series out.
     """
-    from http.server import ThreadingHTTPServer
+    import functools
 
     from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import RunTimeStats
 
-    stats = RunTimeStats().__enter__() if keep_stats else None
-    reader = RolloutRecordReader(rollout_record) if rollout_record else None
-    server = ThreadingHTTPServer((address, port), make_handler(layout, collect, reader))
+    stats = RunTimeStats().__enter__() if run_time_stats else None
     try:
-        server.serve_forever()
+        reader = RolloutRecordReader(rollout_record) if rollout_record else None
+        collect_snapshot = functools.partial(collect, run_time_stats=run_time_stats)
+        server = metrics_server(address, port, make_handler(layout, collect_snapshot, reader))
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
     finally:
-        server.server_close()
         if stats is not None:
             stats.close()
 
@@ -529,7 +588,10 @@ def serve(
 def exporter_main(argv=None):
     import argparse
 
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+        MODULE_FAILURES,
+        as_fleet_error,
+    )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
         DEFAULT_PIN_DIR,
         PinLayout,
@@ -539,7 +601,11 @@ def exporter_main(argv=None):
         prog="zerolayer-route-exporter",
         description="Serve the router's pinned maps as Prometheus metrics on /metrics.",
     )
-    parser.add_argument("--listen-address", default=DEFAULT_ADDRESS)
+    parser.add_argument(
+        "--listen-address",
+        default=DEFAULT_ADDRESS,
+        help="IPv4 or IPv6 address to listen on (default %(default)s; 0.0.0.0 for all)",
+    )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--pin-dir", default=DEFAULT_PIN_DIR)
     parser.add_argument(
@@ -549,9 +615,11 @@ def exporter_main(argv=None):
         "an empty value leaves the rollout series out (default %(default)s)",
     )
     parser.add_argument(
-        "--no-run-time-stats",
+        "--run-time-stats",
         action="store_true",
-        help="do not hold BPF_ENABLE_STATS (run_seconds_total/runs_total then stay flat)",
+        help="hold BPF_ENABLE_STATS and export zerolayer_router_run_seconds_total and "
+        "zerolayer_router_runs_total; costs about 20 ns per run of every BPF program on the "
+        "node and needs CAP_SYS_ADMIN (default: off, and those two series are absent)",
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not 1 <= args.port <= 65535:
@@ -561,11 +629,11 @@ def exporter_main(argv=None):
             PinLayout(args.pin_dir),
             args.listen_address,
             args.port,
-            not args.no_run_time_stats,
+            args.run_time_stats,
             args.rollout_record,
         )
-    except FleetError as exc:
-        sys.stderr.write("zerolayer-route-exporter: %s\n" % exc.message)
+    except MODULE_FAILURES as exc:
+        sys.stderr.write("zerolayer-route-exporter: %s\n" % as_fleet_error(exc).message)
         return 1
     except KeyboardInterrupt:
         return 0

@@ -16,6 +16,8 @@ epoch cannot slip between the check and the write.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -24,6 +26,7 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
+FENCE_LOCK_TIMEOUT_S = 5.0
 
 
 class FenceRefused(FleetError):
@@ -90,6 +93,36 @@ def write_fence(path, fence):
         raise
 
 
+@contextlib.contextmanager
+def fence_file_lock(path, timeout=FENCE_LOCK_TIMEOUT_S):
+    """Serialise the read-modify-writes of one fence file (never held for longer than one).
+
+    A rollback raising the fence and a writer recording its higher epoch must not lose
+    each other's write. The lock is held only around a read and an atomic replace, so a
+    rollback waits microseconds for it; the bound is a guard against the impossible.
+    """
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise FleetError(
+                        "the fence file %s stayed locked for %.0f s; a process holding "
+                        "%s.lock is stuck: find it with fuser and end it" % (path, timeout, path),
+                        {"field": "fence_file", "path": path},
+                    ) from None
+                time.sleep(0.001)
+        yield
+    finally:
+        os.close(fd)
+
+
 def admit(path, epoch, raises_traffic, what, check_mode=False):
     """Check a write of epoch against the node's fence; record a higher epoch.
 
@@ -98,6 +131,11 @@ def admit(path, epoch, raises_traffic, what, check_mode=False):
     Returns the node's epoch after the check.
     """
     carried = 0 if epoch is None else _validate_epoch(epoch)
+    with fence_file_lock(path):
+        return _admit_locked(path, carried, raises_traffic, what, check_mode)
+
+
+def _admit_locked(path, carried, raises_traffic, what, check_mode):
     fence = read_fence(path)
     if carried < fence["epoch"] and raises_traffic:
         raise FenceRefused(
@@ -115,23 +153,37 @@ def admit(path, epoch, raises_traffic, what, check_mode=False):
             {"field": "epoch", "epoch": carried, "node_epoch": fence["epoch"]},
         )
     if carried > fence["epoch"] and not check_mode:
-        write_fence(path, {"epoch": carried, "action": "write", "at": _now()})
+        write_fence(path, dict(fence, epoch=carried, action="write", at=_now()))
         return carried
     return fence["epoch"]
 
 
-def raise_fence(path, epoch=None, action="rollback", check_mode=False):
+def raise_fence(path, epoch=None, action="rollback", check_mode=False, record=None):
     """The node side of a rollback: the fence goes to max(epoch, node's) or node's + 1.
 
     With no epoch (the store could not be reached, or a person on the node) the node's own
-    epoch goes up by one, which is above every writer that took its epoch before. Returns
+    epoch goes up by one, which is above every writer that took its epoch before. record,
+    when given, is called with the raised epoch and returns more keys to keep in the same
+    write (the router's mode), so no other writer can come between the two. Returns
     (before, after) epochs.
     """
-    before = read_fence(path)["epoch"]
-    wanted = before + 1 if epoch is None else _validate_epoch(epoch)
-    after = max(before, wanted)
-    if after != before and not check_mode:
-        write_fence(path, {"epoch": after, "action": action, "at": _now()})
+    wanted = None if epoch is None else _validate_epoch(epoch)
+    with fence_file_lock(path):
+        return _raise_fence_locked(path, wanted, action, check_mode, record)
+
+
+def _raise_fence_locked(path, epoch, action, check_mode, record):
+    fence = read_fence(path)
+    before = fence["epoch"]
+    after = max(before, before + 1 if epoch is None else epoch)
+    changes = {}
+    if after != before:
+        changes.update(epoch=after, action=action, at=_now())
+    if record is not None:
+        changes.update(record(after))
+    if changes and not check_mode:
+        # Merged into what the file holds: keys other writers keep there survive.
+        write_fence(path, dict(fence, **changes))
     return before, after
 
 

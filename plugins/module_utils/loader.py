@@ -12,10 +12,30 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import MAP_NAMES
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    CONFIG_MAP,
+    MAP_NAMES,
+    ROUTES_MAP,
+    WEIGHTS_MAP,
+    check_pinned_maps,
+    opened,
+    pinned_layout_version,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    CONFIG_KEY,
+    CONFIG_VALUE,
+    LAYOUT_VERSION,
+    MAP_SPEC_BY_NAME,
+    PORT_KEY,
+    ROUTE_VALUE,
+    WEIGHT_VALUE,
+    decode_route,
+)
 
 _BPFTOOL_FALLBACKS = ("/usr/sbin/bpftool", "/usr/local/sbin/bpftool", "/sbin/bpftool")
 
@@ -51,10 +71,14 @@ def load_program(object_path, prog_pin, layout, reuse_maps, runner=None):
     """Load object_path as an sk_lookup program pinned at prog_pin.
 
     With reuse_maps the program uses the maps already pinned under layout.maps_dir
-    (routes, sockets and counters survive); without, its new maps get pinned there.
+    (routes, sockets, counters and the node's seeds survive), after each was checked
+    against its spec and the maps a newer layout adds were made; without, its new maps
+    get pinned there and the node gets its own seeds.
     """
     argv = [find_bpftool(), "prog", "load", object_path, prog_pin, "type", "sk_lookup"]
     if reuse_maps:
+        check_pinned_maps(layout)
+        add_maps_of_newer_layout(layout)
         for name in MAP_NAMES:
             argv += ["map", "name", name, "pinned", layout.map(name)]
     else:
@@ -66,3 +90,64 @@ def load_program(object_path, prog_pin, layout, reuse_maps, runner=None):
             "bpftool could not load %s: %s" % (object_path, tail or "exit status %d" % rc),
             {"cmd": argv, "rc": rc, "stdout": out, "stderr": err},
         )
+    if not reuse_maps:
+        # Not attached yet: no connection is decided before the seeds are there.
+        write_new_seeds(layout)
+
+
+def write_new_seeds(layout):
+    """Give the node its own random seeds and record the layout in zl_config."""
+    seed_weight, seed_slot = struct.unpack("=QQ", os.urandom(16))
+    with opened(layout.map(CONFIG_MAP)) as fd:
+        bpf_syscall.map_update(
+            fd,
+            CONFIG_KEY.pack(0),
+            CONFIG_VALUE.pack(LAYOUT_VERSION, 0, seed_weight, seed_slot),
+        )
+
+
+def add_maps_of_newer_layout(layout):
+    """Upgrade pins of an older layout in place: create and pin the maps it lacks.
+
+    Routes, sockets and counters stay where they are; the old program keeps running on
+    them until the link swaps to the new one. The node gets new seeds here, so the
+    paths of new connections are drawn once more at this upgrade (never again after).
+    """
+    version = pinned_layout_version(layout)
+    if version is None or version == LAYOUT_VERSION:
+        return []
+    added = []
+    for name in MAP_NAMES:
+        path = layout.map(name)
+        if os.path.exists(path):
+            continue
+        spec = MAP_SPEC_BY_NAME[name]
+        fd = bpf_syscall.map_create(
+            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, name
+        )
+        try:
+            bpf_syscall.obj_pin(fd, path)
+        finally:
+            os.close(fd)
+        added.append(name)
+    write_new_seeds(layout)
+    if WEIGHTS_MAP in added:
+        copy_legacy_weights(layout)
+    return added
+
+
+def copy_legacy_weights(layout):
+    """Layout 1 kept each weight in the route's entry: carry them into zl_weights.
+
+    The old program reads the entries until the link swaps to the new one, which reads
+    zl_weights: both see the same weights throughout.
+    """
+    with opened(layout.map(ROUTES_MAP)) as routes_fd, opened(layout.map(WEIGHTS_MAP)) as fd:
+        for key in bpf_syscall.map_keys(routes_fd, PORT_KEY.size):
+            raw = bpf_syscall.map_lookup(routes_fd, key, ROUTE_VALUE.size)
+            if raw is None:
+                continue
+            route = decode_route(raw)
+            bpf_syscall.map_update(
+                fd, PORT_KEY.pack(route.route_index), WEIGHT_VALUE.pack(route.weight_bp)
+            )

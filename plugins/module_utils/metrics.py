@@ -43,7 +43,7 @@ def sum_counters(per_cpu):
 def read_counters(layout, route_index):
     """{lookups, to_engine, to_proxy_by_weight, fallback_no_socket, assign_errors} of one route."""
     cpus = bpf_syscall.possible_cpus()
-    with opened_map(layout, COUNTERS_MAP) as fd:
+    with opened_map(layout, COUNTERS_MAP, read_only=True) as fd:
         return sum_counters(_per_cpu_values(fd, PORT_KEY.pack(route_index), COUNTERS_VALUE, cpus))
 
 
@@ -51,7 +51,7 @@ def read_latency_buckets(layout):
     """Timed decisions per log2 bucket: element b counts those of [2^b, 2^(b+1)) ns."""
     cpus = bpf_syscall.possible_cpus()
     buckets = [0] * LATENCY_BUCKETS
-    with opened_map(layout, LATENCY_MAP) as fd:
+    with opened_map(layout, LATENCY_MAP, read_only=True) as fd:
         for bucket in range(LATENCY_BUCKETS):
             for (count,) in _per_cpu_values(fd, PORT_KEY.pack(bucket), LATENCY_VALUE, cpus):
                 buckets[bucket] += count
@@ -127,7 +127,8 @@ class RunTimeStats:
     """Keeps the kernel's per-program run_time_ns/run_cnt accounting on while open.
 
     BPF_ENABLE_STATS counts as a holder of the kernel.bpf_stats_enabled switch
-    without writing the sysctl; it costs roughly 20 ns per program run.
+    without writing the sysctl; it needs CAP_SYS_ADMIN and costs roughly 20 ns per
+    run of every BPF program on the node while any holder keeps it on.
     """
 
     def __init__(self):

@@ -150,9 +150,30 @@ def build_parser():
     _add_epoch(register, WRITER_EPOCH_HELP)
 
     add("show", "router state, routes, weights, slots, counters and the fence epoch")
-    detach = add("detach", "deep rollback: raise the fence, detach the link, keep routes")
+    detach = add(
+        "detach",
+        "deep rollback: raise the fence, keep the router detached (until attach --restore), "
+        "detach the link and unpin program and maps",
+    )
     _add_epoch(detach, FENCE_EPOCH_HELP)
-    add("attach", "attach and declare routes and engines from --config (used at boot)")
+    detach.add_argument(
+        "--reason", default=None, help="why, kept with the detached mode (default: deep rollback)"
+    )
+    attach = add(
+        "attach",
+        "attach and declare routes and engines from --config (used at boot); a node a deep "
+        "rollback keeps detached stays detached",
+    )
+    attach.add_argument(
+        "--restore",
+        action="store_true",
+        help="leave the detached mode a deep rollback recorded and attach again",
+    )
+    attach.add_argument(
+        "--move-netns",
+        action="store_true",
+        help="allow moving the router's link out of the netns it is attached to",
+    )
     return parser
 
 
@@ -235,11 +256,14 @@ def cmd_rollback(args, config):
     epoch_before, epoch_after = routes.fence_routes(layout, args.epoch, "fast rollback")
     before = {route.name: route for route in routes.read_routes(layout)}
     failures = {}
-    for name in before:
-        try:
-            routes.set_route(layout, name, weight=0)
-        except FleetError as exc:  # one bad route must not stop the others
-            failures[name] = exc.message
+    # Blind writes, no lock: a rollback never waits behind another writer.
+    if not routes.zero_weights(layout):
+        # Pins of layout 1, the router not upgraded yet: the weights are in the entries.
+        for name in before:
+            try:
+                routes.set_route(layout, name, weight=0)
+            except FleetError as exc:  # one bad route must not stop the others
+                failures[name] = exc.message
     confirmed = routes.read_routes(layout)
     report = []
     for route in confirmed:
@@ -306,17 +330,19 @@ def cmd_show(args, config):
 
 
 def cmd_detach(args, config):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import fence, router_lifecycle
+    """The deep rollback, the same one as the router module's state=detached."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
 
     layout = _layout(args, config)
-    epoch_before, epoch_after = fence.raise_fence(layout.fence_file, args.epoch, "deep rollback")
-    result = router_lifecycle.detach(layout)
+    result = router_lifecycle.deep_rollback(layout, args.epoch, args.reason)
     return {
-        "fence_epoch_before": epoch_before,
-        "fence_epoch": epoch_after,
+        "fence_epoch_before": result["fence"]["epoch_before"],
+        "fence_epoch": result["fence"]["epoch"],
+        "mode": result["mode"],
         "changed": result["changed"],
         "actions": result["actions"],
         "attached": result["after"]["attached"],
+        "maps_pinned": result["after"]["maps_pinned"],
     }
 
 
@@ -351,8 +377,27 @@ def cmd_attach(args, config):
     layout = _layout(args, config)
     declared = _config_routes(config)
     attached = router_lifecycle.attach(
-        layout, config.get("object", DEFAULT_OBJECT), config.get("netns", "/proc/self/ns/net")
+        layout,
+        config.get("object", DEFAULT_OBJECT),
+        config.get("netns", "/proc/self/ns/net"),
+        restore=args.restore,
+        move_netns=args.move_netns,
     )
+    if attached["kept_detached"]:
+        # Exit 0: the boot unit must not fail (or loop) on a node kept detached on purpose.
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+            kept_detached_message,
+        )
+
+        return {
+            "changed": False,
+            "actions": [],
+            "attached": False,
+            "kept_detached": attached["kept_detached"],
+            "message": kept_detached_message(attached["kept_detached"], layout.fence_file),
+            "routes": [],
+            "engines": [],
+        }
     live = {route.name for route in routes.read_routes(layout)}
     route_results = []
     engine_results = []
@@ -395,6 +440,7 @@ def cmd_attach(args, config):
         or any(result.get("changed") for result in engine_results),
         "actions": attached["actions"],
         "attached": attached["after"]["attached"],
+        "kept_detached": None,
         "routes": route_results,
         "engines": engine_results,
     }

@@ -5,7 +5,13 @@
 <pin_dir>/prog         the sk_lookup program
 <pin_dir>/prog_next    a program being loaded for an upgrade (short-lived)
 <pin_dir>/link         the BPF link attaching the program to a netns
-<pin_dir>/maps/<name>  zl_routes, zl_sockets, zl_counters, zl_latency
+<pin_dir>/maps/<name>  zl_routes, zl_sockets, zl_counters, zl_latency (layout 1),
+                       zl_config, zl_families, zl_weights (layout 2)
+
+Every map is checked against route_codec.MAP_SPECS when it is opened: a pin of another
+layout (another value size, say) is refused before anything is read into a buffer of
+the wrong size. Pins of the previous layout are complete as they are (routes, weights and
+rollbacks work on them); the router's attach adds the maps the new layout brings.
 
 The node's fence epoch (fence.py) is kept outside bpffs, in fence_file, so that a reboot
 or a router upgrade does not lose it.
@@ -18,15 +24,39 @@ import ctypes
 import fcntl
 import os
 import struct
+import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import DEFAULT_FENCE_FILE
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    CONFIG_KEY,
+    CONFIG_VALUE,
+    LAYOUT_VERSION,
+    MAP_SPEC_BY_NAME,
+    MAP_SPECS,
+)
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
 BPFFS_MAGIC = 0xCAFE4A11
-MAP_NAMES = ("zl_routes", "zl_sockets", "zl_counters", "zl_latency")
-ROUTES_MAP, SOCKETS_MAP, COUNTERS_MAP, LATENCY_MAP = MAP_NAMES
+# An attach holds the writer lock through a program load and the verifier (well under a
+# second here); another writer waits at most this long for it.
+WRITER_LOCK_TIMEOUT_S = 30.0
+_LOCK_POLL_S = 0.005
+MAP_NAMES = tuple(spec.name for spec in MAP_SPECS)
+(
+    ROUTES_MAP,
+    SOCKETS_MAP,
+    COUNTERS_MAP,
+    LATENCY_MAP,
+    CONFIG_MAP,
+    FAMILIES_MAP,
+    WEIGHTS_MAP,
+) = MAP_NAMES
+
+
+class WriterLockTimeout(FleetError):
+    """Another writer held the router's writer lock for longer than the wait allowed."""
 
 
 class PinLayout:
@@ -48,6 +78,8 @@ class PinLayout:
                 {"field": "fence_file"},
             )
         self.fence_file = os.path.normpath(fence_file)
+        # One writer lock per fence file (a node has one router): beside it, not in bpffs.
+        self.writer_lock_file = self.fence_file + ".writer.lock"
         self.prog = os.path.join(self.pin_dir, "prog")
         self.next_prog = os.path.join(self.pin_dir, "prog_next")
         self.link = os.path.join(self.pin_dir, "link")
@@ -113,13 +145,39 @@ def ensure_pin_dirs(layout):
     return created
 
 
+def map_names_of_layout(version):
+    return [spec.name for spec in MAP_SPECS if spec.since_layout <= version]
+
+
+def pinned_layout_version(layout):
+    """The layout the pinned maps form: LAYOUT_VERSION, an older one, or None (incomplete).
+
+    Read from the maps that are there; the config map's own record is checked on open.
+    """
+    present = {name for name in MAP_NAMES if os.path.exists(layout.map(name))}
+    for version in range(LAYOUT_VERSION, 0, -1):
+        if present == set(map_names_of_layout(version)):
+            return version
+    return None
+
+
 def missing_pins(layout, include_program=False):
-    paths = layout.map_paths() + ([layout.prog] if include_program else [])
-    return [path for path in paths if not os.path.exists(path)]
+    """Pins that are not there; a complete older layout misses nothing (attach upgrades it)."""
+    missing = []
+    if pinned_layout_version(layout) is None:
+        missing = [path for path in layout.map_paths() if not os.path.exists(path)]
+    if include_program and not os.path.exists(layout.prog):
+        missing.append(layout.prog)
+    return missing
+
+
+def has_map(layout, name):
+    """Whether name is pinned (a map a newer layout added is absent from older pins)."""
+    return os.path.exists(layout.map(name))
 
 
 def require_maps(layout):
-    """Fail, naming what is missing, unless every map of the router is pinned."""
+    """Fail, naming what is missing or foreign, unless the router's maps are usable."""
     missing = missing_pins(layout)
     if missing:
         raise FleetError(
@@ -128,12 +186,56 @@ def require_maps(layout):
             % (layout.pin_dir, ", ".join(missing)),
             {"field": "pin_dir", "missing": missing},
         )
+    if os.path.exists(layout.map(CONFIG_MAP)):
+        read_layout_config(layout)
+
+
+def check_map(fd, name, path):
+    """Refuse a pinned map whose type, key or value size or capacity is not this code's."""
+    info = bpf_syscall.map_info(fd)
+    problems = MAP_SPEC_BY_NAME[name].differences(info)
+    if problems:
+        raise FleetError(
+            "pinned map %s is not the %s this router version uses: %s. It was made by "
+            "another layout; nothing was read or written. Remove the router with "
+            "state=absent (this drops its routes) and attach it again"
+            % (path, name, "; ".join(problems)),
+            {"field": "pin_dir", "path": path, "map": name, "problems": problems},
+        )
+    return info
+
+
+def check_pinned_maps(layout):
+    """Check every pinned map of the router (before an upgrade reuses them)."""
+    for name in MAP_NAMES:
+        path = layout.map(name)
+        if os.path.exists(path):
+            with opened(path, read_only=True) as fd:
+                check_map(fd, name, path)
+
+
+def read_layout_config(layout):
+    """(layout_version, seed_weight, seed_slot) from zl_config; refuses an unknown layout."""
+    path = layout.map(CONFIG_MAP)
+    with opened(path, read_only=True) as fd:
+        check_map(fd, CONFIG_MAP, path)
+        raw = bpf_syscall.map_lookup(fd, CONFIG_KEY.pack(0), CONFIG_VALUE.size)
+    version, _reserved, seed_weight, seed_slot = CONFIG_VALUE.unpack(raw)
+    if version != LAYOUT_VERSION:
+        raise FleetError(
+            "the maps under %s are of layout %d, and this router version knows layout %d; "
+            "install the collection version that made them, or remove the router with "
+            "state=absent (this drops its routes) and attach it again"
+            % (layout.pin_dir, version, LAYOUT_VERSION),
+            {"field": "pin_dir", "layout_version": version, "expected": LAYOUT_VERSION},
+        )
+    return version, seed_weight, seed_slot
 
 
 @contextlib.contextmanager
-def opened(path):
-    """An fd of a pinned object, closed on exit."""
-    fd = bpf_syscall.obj_get(path)
+def opened(path, read_only=False):
+    """An fd of a pinned object, closed on exit (read_only: lookups only, for readers)."""
+    fd = bpf_syscall.obj_get(path, read_only=read_only)
     try:
         yield fd
     finally:
@@ -141,21 +243,65 @@ def opened(path):
 
 
 @contextlib.contextmanager
-def opened_map(layout, name):
+def opened_map(layout, name, read_only=False):
+    """An fd of one of the router's maps, checked against its spec first.
+
+    Readers pass read_only: such an fd cannot change the map, and needs no capability.
+    """
     require_maps(layout)
-    with opened(layout.map(name)) as fd:
+    path = layout.map(name)
+    if not os.path.exists(path):
+        raise FleetError(
+            "map %s is not pinned under %s: the pins are of layout %s; attach the router "
+            "(zerolayer.fleet.router state=attached) to upgrade them to layout %d"
+            % (name, layout.pin_dir, pinned_layout_version(layout), LAYOUT_VERSION),
+            {"field": "pin_dir", "missing": [path]},
+        )
+    with opened(path, read_only) as fd:
+        check_map(fd, name, path)
         yield fd
 
 
 @contextlib.contextmanager
-def writer_lock(layout):
-    """Serialise writers of one router (a rollback command and a playbook, say)."""
-    fd = os.open(layout.pin_dir, os.O_RDONLY | os.O_DIRECTORY)
+def writer_lock(layout, what="a write", timeout=WRITER_LOCK_TIMEOUT_S):
+    """Serialise the writers of one router (a playbook, the boot unit, an engine's hook).
+
+    The lock file lives beside the fence file, outside the pin dir, so removing the pins
+    cannot take the lock away from under a holder. A wait is bounded: after timeout
+    seconds the writer is refused with the holder's pid and purpose. A fast rollback
+    takes no writer lock at all (routes.zero_weights).
+    """
+    path = layout.writer_lock_file
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        _acquire(fd, path, what, timeout)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, ("%d %s\n" % (os.getpid(), what)).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
     finally:
-        os.close(fd)
+        os.close(fd)  # closing the fd releases the flock
+
+
+def _acquire(fd, path, what, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+                raise WriterLockTimeout(
+                    "%s waited %.1f s for the router's writer lock %s and gave up; it is held "
+                    "by pid and purpose: %s. Retry when that writer is done"
+                    % (what, timeout, path, holder),
+                    {"lock": path, "holder": holder},
+                ) from None
+            time.sleep(_LOCK_POLL_S)
 
 
 def unlink_if_present(path):

@@ -22,6 +22,10 @@ LATENCY_BUCKETS = 64
 # One decision in 2**LATENCY_SAMPLE_SHIFT is timed into the latency histogram.
 LATENCY_SAMPLE_SHIFT = 4
 LATENCY_SAMPLE_EVERY = 1 << LATENCY_SAMPLE_SHIFT
+# The pinned maps' layout (ZL_LAYOUT_VERSION); 1 was the first release's.
+LAYOUT_VERSION = 2
+TAKES_IPV4 = 1
+TAKES_IPV6 = 2
 
 # Maps hold host-endian values; '=' is native order with standard sizes and no padding,
 # which matches the C structs because every field there is naturally aligned.
@@ -31,6 +35,10 @@ SOCKET_VALUE = struct.Struct("=Q")  # cookie when read, fd when written
 ROUTE_VALUE = struct.Struct("=%dsIIQII" % ROUTE_NAME_LEN)
 COUNTERS_VALUE = struct.Struct("=5Q")
 LATENCY_VALUE = struct.Struct("=Q")
+CONFIG_KEY = struct.Struct("=I")
+CONFIG_VALUE = struct.Struct("=IIQQ")  # layout_version, reserved, seed_weight, seed_slot
+FAMILIES_VALUE = struct.Struct("=I")
+WEIGHT_VALUE = struct.Struct("=I")  # basis points; zl_weights, key the route index
 COUNTER_FIELDS = (
     "lookups",
     "to_engine",
@@ -39,11 +47,71 @@ COUNTER_FIELDS = (
     "assign_errors",
 )
 
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# map_type numbers of enum bpf_map_type.
+MAP_TYPE_HASH = 1
+MAP_TYPE_ARRAY = 2
+MAP_TYPE_PERCPU_ARRAY = 6
+MAP_TYPE_SOCKMAP = 15
+
+
+class MapSpec:
+    """What a pinned map must be for this code to read and write it."""
+
+    __slots__ = ("key_size", "map_type", "max_entries", "name", "since_layout", "value_size")
+
+    def __init__(self, name, map_type, key_size, value_size, max_entries, since_layout=1):
+        self.name = name
+        self.map_type = map_type
+        self.key_size = key_size
+        self.value_size = value_size
+        self.max_entries = max_entries
+        self.since_layout = since_layout
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def differences(self, info):
+        """The fields where a map's info (bpf_syscall.map_info) differs from this spec."""
+        fields = (
+            ("type", "map_type"),
+            ("key_size", "key_size"),
+            ("value_size", "value_size"),
+            ("max_entries", "max_entries"),
+        )
+        return [
+            "%s %s (expected %s)" % (field, info[info_field], getattr(self, field))
+            for info_field, field in fields
+            if info[info_field] != getattr(self, field)
+        ]
+
+
+# Every map of the router, in the order of the C source (files/bpf/zerolayer_router.bpf.c).
+MAP_SPECS = (
+    MapSpec("zl_routes", MAP_TYPE_HASH, PORT_KEY.size, ROUTE_VALUE.size, MAX_ROUTES),
+    MapSpec(
+        "zl_sockets", MAP_TYPE_SOCKMAP, SOCKET_KEY.size, SOCKET_VALUE.size, MAX_ROUTES * MAX_SLOTS
+    ),
+    MapSpec("zl_counters", MAP_TYPE_PERCPU_ARRAY, 4, COUNTERS_VALUE.size, MAX_ROUTES),
+    MapSpec("zl_latency", MAP_TYPE_PERCPU_ARRAY, 4, LATENCY_VALUE.size, LATENCY_BUCKETS),
+    MapSpec("zl_config", MAP_TYPE_ARRAY, CONFIG_KEY.size, CONFIG_VALUE.size, 1, since_layout=2),
+    MapSpec(
+        "zl_families",
+        MAP_TYPE_ARRAY,
+        SOCKET_KEY.size,
+        FAMILIES_VALUE.size,
+        MAX_ROUTES * MAX_SLOTS,
+        since_layout=2,
+    ),
+    MapSpec("zl_weights", MAP_TYPE_ARRAY, PORT_KEY.size, WEIGHT_VALUE.size, MAX_ROUTES, 2),
+)
+MAP_SPEC_BY_NAME = {spec.name: spec for spec in MAP_SPECS}
+
+# \Z, not $: $ also matches before a trailing newline, and "svc\n" is no route name.
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 
 
 class Route:
-    """One entry of the route map.
+    """One route: its entry of the route map, with its weight (zl_weights since layout 2).
 
     slot_limit: the route's sockets are in slots below it (0: unknown, the program
     looks at every slot); engine_sockets keeps it one above the highest live slot.

@@ -5,16 +5,22 @@
 An upgrade loads the new object against the pinned maps and swaps it into the
 existing link with BPF_LINK_UPDATE: the netns is never without the program, and
 routes, engine sockets and counters carry over.
+
+A deep rollback (deep_rollback) keeps the router detached on this node until an explicit
+restore: attach honours the mode recorded in the fence file (router_mode.py). detach and
+remove are its building blocks and record no mode.
 """
 
 from __future__ import annotations
 
 import os
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, router_mode
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    WriterLockTimeout,
     ensure_pin_dirs,
     missing_pins,
     opened,
@@ -22,8 +28,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     unlink_if_present,
     writer_lock,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import fenced_writer
 
 SELF_NETNS = "/proc/self/ns/net"
+# A deep rollback waits this long for another writer (an attach in its verifier, say),
+# then goes ahead without the lock.
+DEEP_ROLLBACK_LOCK_WAIT_S = 2.0
 
 
 def netns_inode(netns_path, field="netns"):
@@ -130,8 +140,21 @@ def _upgrade_if_different(layout, object_path, link, want_netns, check_mode, run
         unlink_if_present(layout.next_prog)
 
 
-def attach(layout, object_path, netns_path=SELF_NETNS, check_mode=False, runner=None):
-    """Make the router run object_path in netns_path; return changed/actions/before/after."""
+def attach(
+    layout,
+    object_path,
+    netns_path=SELF_NETNS,
+    check_mode=False,
+    runner=None,
+    restore=False,
+    move_netns=False,
+):
+    """Make the router run object_path in netns_path; return changed/actions/before/after.
+
+    On a node a deep rollback keeps detached, nothing is attached unless restore is set:
+    the result then carries kept_detached (the mode record). move_netns allows taking the
+    pinned link away from the netns it runs in.
+    """
     if not os.path.isfile(object_path):
         raise FleetError(
             "object %s is not a file; build it with make -C files/bpf" % object_path,
@@ -140,14 +163,25 @@ def attach(layout, object_path, netns_path=SELF_NETNS, check_mode=False, runner=
     require_bpffs(layout)
     want_netns = netns_inode(netns_path)
     before = router_state(layout)
+    mode = router_mode.read_mode(layout.fence_file)
+    if mode["mode"] == router_mode.DETACHED and not restore:
+        return {
+            "changed": False,
+            "actions": [],
+            "before": before,
+            "after": before,
+            "kept_detached": mode,
+        }
     actions = []
+    if mode["mode"] == router_mode.DETACHED:
+        actions.append("leave the detached mode of fence epoch %s" % mode.get("epoch"))
     if not check_mode:
         if ensure_pin_dirs(layout):
             actions.append("create %s" % layout.pin_dir)
-    lock_target = layout if os.path.isdir(layout.pin_dir) else None
 
     def converge():
         link = link_state(layout)
+        _refuse_netns_move(layout, link, netns_path, want_netns, move_netns)
         if program_state(layout) is None:
             actions.append("load program")
             if not check_mode:
@@ -159,6 +193,7 @@ def attach(layout, object_path, netns_path=SELF_NETNS, check_mode=False, runner=
                     "and attach again" % layout.pin_dir,
                     {"field": "pin_dir", "missing": missing_pins(layout)},
                 )
+            link = _recover_interrupted_upgrade(layout, link, check_mode, actions)
             actions.extend(
                 _upgrade_if_different(layout, object_path, link, want_netns, check_mode, runner)
             )
@@ -182,13 +217,78 @@ def attach(layout, object_path, netns_path=SELF_NETNS, check_mode=False, runner=
         if not check_mode and not os.path.exists(layout.link):
             _create_link(layout, netns_path)
 
-    if lock_target is None:
+    # fenced_writer: a fast rollback while the maps were upgraded (weights copied) is not
+    # undone by the copy.
+    with fenced_writer(layout, "attach of %s" % object_path):
         converge()
-    else:
-        with writer_lock(lock_target):
-            converge()
+        if not (restore or check_mode) and router_mode.is_detached(layout.fence_file):
+            # A deep rollback came while this attach ran (it does not wait for the writer
+            # lock): it wins, and this attach takes the router away again.
+            remove(layout)
+            after = router_state(layout)
+            return {
+                "changed": True,
+                "actions": [*actions, "remove again: a deep rollback came meanwhile"],
+                "before": before,
+                "after": after,
+                "kept_detached": router_mode.read_mode(layout.fence_file),
+            }
+    if mode["mode"] == router_mode.DETACHED and not check_mode:
+        # Only once the router runs again: a restore that fails leaves the node detached.
+        router_mode.record_active(layout.fence_file, "restore")
     after = before if check_mode else router_state(layout)
-    return {"changed": bool(actions), "actions": actions, "before": before, "after": after}
+    return {
+        "changed": bool(actions),
+        "actions": actions,
+        "before": before,
+        "after": after,
+        "kept_detached": None,
+    }
+
+
+def _refuse_netns_move(layout, link, netns_path, want_netns, move_netns):
+    """A pin dir serves one netns: attaching it elsewhere would leave the first one bare."""
+    if move_netns or not link or not link["attached"] or link["netns_ino"] == want_netns:
+        return
+    raise FleetError(
+        "netns %s (inode %d) is not the network namespace the router of pin_dir %s runs in "
+        "(link %d, netns inode %d): attaching would move the router away from there and "
+        "leave that netns without it; nothing was changed. Use another pin_dir for a second "
+        "netns, or give move_netns=true (zerolayer-routectl attach --move-netns) to move it"
+        % (netns_path, want_netns, layout.pin_dir, link["id"], link["netns_ino"]),
+        {
+            "field": "netns",
+            "netns": netns_path,
+            "netns_ino": want_netns,
+            "link_netns_ino": link["netns_ino"],
+            "pin_dir": layout.pin_dir,
+        },
+    )
+
+
+def _recover_interrupted_upgrade(layout, link, check_mode, actions):
+    """Point the link back at the pinned program when an upgrade stopped half way.
+
+    An upgrade swaps the link's program, then re-pins the new one under prog. Stopped in
+    between, the link runs a program that no pin names, and the next swap (which names the
+    pinned program as the one it replaces) fails with EPERM. Both programs were loaded
+    against the same maps, so running the pinned one again is safe; the upgrade that
+    follows swaps the wanted one in. Returns the link's state after the repair.
+    """
+    if not link or not link["attached"]:
+        return link
+    pinned = program_state(layout)["id"]
+    if link["prog_id"] == pinned:
+        return link
+    actions.append(
+        "point link %d back at the pinned program %d (it ran program %d: an upgrade was "
+        "interrupted before re-pinning)" % (link["id"], pinned, link["prog_id"])
+    )
+    if check_mode:
+        return link
+    with opened(layout.link) as link_fd, opened(layout.prog) as prog_fd:
+        bpf_syscall.link_update(link_fd, prog_fd)
+    return link_state(layout)
 
 
 def _detach_link(layout, check_mode, actions):
@@ -207,7 +307,11 @@ def _detach_link(layout, check_mode, actions):
 
 
 def detach(layout, check_mode=False):
-    """Force-detach the link and unpin it; program and maps stay (routes survive)."""
+    """Force-detach the link and unpin it; program and maps stay (routes survive).
+
+    A building block: it records no mode, so the next attach runs the router again. A deep
+    rollback is deep_rollback.
+    """
     if os.path.isdir(layout.pin_dir):
         require_bpffs(layout)
     before = router_state(layout)
@@ -218,7 +322,10 @@ def detach(layout, check_mode=False):
 
 
 def remove(layout, check_mode=False):
-    """Detach, then unpin program and maps and remove pin_dir: routes are gone."""
+    """Detach, then unpin program and maps and remove pin_dir: routes are gone.
+
+    Records no mode either; deep_rollback calls it after keeping the router detached.
+    """
     if not os.path.isdir(layout.pin_dir):
         state = router_state(layout)
         return {"changed": False, "actions": [], "before": state, "after": state}
@@ -245,3 +352,45 @@ def remove(layout, check_mode=False):
                 os.rmdir(path)
     after = before if check_mode else router_state(layout)
     return {"changed": bool(actions), "actions": actions, "before": before, "after": after}
+
+
+def deep_rollback(layout, epoch=None, reason=None, check_mode=False):
+    """The deep rollback, one and the same from routectl detach and the router module.
+
+    In this order: raise the node's fence (to epoch, or one above its own) and record mode
+    "detached" in the same write, so that from here on no writer with an older epoch raises
+    a weight and no attach (boot unit, role, restart) runs the router again; then
+    force-detach the link, so the kernel's own lookup gives every new connection to the
+    proxy; then unpin program and maps. A restore starts from the inventory's routes.
+    Returns changed/actions/before/after, the fence epochs and the mode record.
+    """
+    mode_before = router_mode.read_mode(layout.fence_file)
+    epoch_before, epoch_after = raise_fence(
+        layout.fence_file,
+        epoch,
+        "deep rollback",
+        check_mode,
+        record=router_mode.detached_record(layout.fence_file, reason),
+    )
+    actions = []
+    if epoch_after != epoch_before:
+        actions.append("raise the fence epoch %d -> %d" % (epoch_before, epoch_after))
+    if mode_before["mode"] != router_mode.DETACHED or mode_before.get("epoch") != epoch_after:
+        actions.append("keep the router detached from fence epoch %d" % epoch_after)
+    try:
+        with writer_lock(layout, "deep rollback", timeout=DEEP_ROLLBACK_LOCK_WAIT_S):
+            result = remove(layout, check_mode)
+    except WriterLockTimeout as exc:
+        # Never wait longer: a holder reads the mode as it leaves its lock and removes the
+        # router again itself (attach does).
+        actions.append("went ahead without the writer lock (%s)" % exc.message)
+        result = remove(layout, check_mode)
+    actions.extend(result["actions"])
+    return {
+        "changed": bool(actions),
+        "actions": actions,
+        "before": result["before"],
+        "after": result["after"],
+        "fence": {"epoch_before": epoch_before, "epoch": epoch_after},
+        "mode": router_mode.read_mode(layout.fence_file) if not check_mode else mode_before,
+    }

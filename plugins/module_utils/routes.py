@@ -2,30 +2,47 @@
 # Apache License 2.0 (see LICENSE)
 """Reading and writing routes: plain functions, usable without Ansible.
 
-A weight change is one BPF_MAP_UPDATE_ELEM of the route's entry, which the
-kernel swaps in atomically: a connection sees the old entry or the new one.
+A weight change is one BPF_MAP_UPDATE_ELEM of the route's 4-byte weight in zl_weights
+(layout 1 kept it in the route's entry): a connection sees the old weight or the new one.
 Every check runs before the first write, so bad input changes nothing.
+
+Writers hold the router's writer lock; a fast rollback does not wait for it. It raises
+the node's fence and writes 0 into every weight, blind. A writer whose critical section
+saw the fence rise under it (it may have written a weight after the rollback's zero)
+writes the zeros again as it leaves (fenced_writer): whatever the interleaving, the last
+weight written after a rollback is 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit, raise_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+    admit,
+    raise_fence,
+    read_fence,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     COUNTERS_MAP,
+    FAMILIES_MAP,
     ROUTES_MAP,
     SOCKETS_MAP,
+    WEIGHTS_MAP,
+    has_map,
     opened_map,
     require_maps,
     writer_lock,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     COUNTERS_VALUE,
+    FAMILIES_VALUE,
     MAX_ROUTES,
     MAX_SLOTS,
     PORT_KEY,
     ROUTE_VALUE,
+    WEIGHT_VALUE,
     Route,
     decode_route,
     encode_port,
@@ -38,14 +55,71 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
 
 
 def read_routes(layout):
-    """All routes, ordered by port."""
-    with opened_map(layout, ROUTES_MAP) as fd:
+    """All routes, ordered by port, each with its live weight (read-only fds)."""
+    with opened_map(layout, ROUTES_MAP, read_only=True) as fd:
         routes = []
         for key in bpf_syscall.map_keys(fd, PORT_KEY.size):
             raw = bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size)
             if raw is not None:  # deleted while we walked the map
                 routes.append(decode_route(raw))
+    if has_map(layout, WEIGHTS_MAP):
+        with opened_map(layout, WEIGHTS_MAP, read_only=True) as fd:
+            routes = [
+                route.replace(
+                    weight_bp=WEIGHT_VALUE.unpack(
+                        bpf_syscall.map_lookup(fd, PORT_KEY.pack(route.route_index), 4)
+                    )[0]
+                )
+                for route in routes
+            ]
     return sorted(routes, key=lambda route: route.port)
+
+
+def zero_weights(layout):
+    """Weight 0 on every route index, one blind 4-byte write each, taking no lock.
+
+    Every index, not only the routes read a moment ago: a route created meanwhile starts
+    at 0 as well. Returns False on pins of layout 1 (no zl_weights: use set_route).
+    """
+    if not has_map(layout, WEIGHTS_MAP):
+        return False
+    zero = WEIGHT_VALUE.pack(0)
+    with opened_map(layout, WEIGHTS_MAP) as fd:
+        for index in range(MAX_ROUTES):
+            bpf_syscall.map_update(fd, PORT_KEY.pack(index), zero)
+    return True
+
+
+@contextlib.contextmanager
+def fenced_writer(layout, what, epoch=None):
+    """The writer lock, and on leaving it the zeros again if a rollback raised the fence.
+
+    epoch is what the writer carries: a fence raised to it by the writer's own admit() is
+    not a rollback. Anything higher appeared while this writer held the lock.
+    """
+    with writer_lock(layout, what):
+        fence_at_entry = read_fence(layout.fence_file)["epoch"]
+        try:
+            yield
+        finally:
+            fence_now = read_fence(layout.fence_file)["epoch"]
+            if fence_now > max(fence_at_entry, epoch or 0):
+                zero_weights(layout)
+
+
+def _write_route(layout, entry, new):
+    """Write a route's entry and weight: the weight first, so a new route starts at it."""
+    if has_map(layout, WEIGHTS_MAP):
+        with opened_map(layout, WEIGHTS_MAP) as fd:
+            bpf_syscall.map_update(
+                fd, PORT_KEY.pack(entry.route_index), WEIGHT_VALUE.pack(entry.weight_bp)
+            )
+        stored = entry.replace(weight_bp=0)  # the entry's legacy weight field stays 0
+    else:
+        stored = entry
+    with opened_map(layout, ROUTES_MAP) as fd:
+        flags = bpf_syscall.BPF_NOEXIST if new else bpf_syscall.BPF_EXIST
+        bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(stored), flags)
 
 
 def find_route(routes, name):
@@ -87,6 +161,12 @@ def _reset_route_slots_and_counters(layout, route_index):
     with opened_map(layout, COUNTERS_MAP) as counters_fd:
         zeroes = COUNTERS_VALUE.pack(0, 0, 0, 0, 0) * bpf_syscall.possible_cpus()
         bpf_syscall.map_update(counters_fd, PORT_KEY.pack(route_index), zeroes)
+    if has_map(layout, FAMILIES_MAP):
+        with opened_map(layout, FAMILIES_MAP) as families_fd:
+            for slot in range(MAX_SLOTS):
+                bpf_syscall.map_update(
+                    families_fd, socket_key(route_index, slot), FAMILIES_VALUE.pack(0)
+                )
 
 
 def plan_route(routes, name, port=None, weight=None):
@@ -132,7 +212,7 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
     weight with an epoch older than the node's fence is refused (fence.admit).
     """
     require_maps(layout)
-    with writer_lock(layout):
+    with fenced_writer(layout, "route %r" % name, epoch):
         routes = read_routes(layout)
         before = find_route(routes, name)
         entry = plan_route(routes, name, port, weight)
@@ -148,21 +228,19 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
         if not check_mode:
             if before is None:
                 _reset_route_slots_and_counters(layout, entry.route_index)
-            with opened_map(layout, ROUTES_MAP) as fd:
-                flags = bpf_syscall.BPF_NOEXIST if before is None else bpf_syscall.BPF_EXIST
-                bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(entry), flags)
+            _write_route(layout, entry, new=before is None)
         return {"changed": True, "before": before, "after": entry}
 
 
 def fence_routes(layout, epoch=None, action="fast rollback"):
-    """Raise the node's fence (to epoch, or one above its own), holding the writer lock.
+    """Raise the node's fence (to epoch, or one above its own); takes no writer lock.
 
-    Every writer checks the fence under the same lock, so once this returns no write with
-    an older epoch can raise a weight. Returns (epoch before, epoch after).
+    A writer that admitted an older epoch just before may still write a weight; it sees
+    the fence risen when it leaves its lock and writes the zeros again (fenced_writer).
+    Returns (epoch before, epoch after).
     """
     require_maps(layout)
-    with writer_lock(layout):
-        return raise_fence(layout.fence_file, epoch, action)
+    return raise_fence(layout.fence_file, epoch, action)
 
 
 def sync_slot_limit(layout, route, live_slots, check_mode=False):
@@ -176,7 +254,7 @@ def sync_slot_limit(layout, route, live_slots, check_mode=False):
         raw = bpf_syscall.map_lookup(fd, encode_port(route.port), ROUTE_VALUE.size)
         if raw is None:
             return False
-        current = decode_route(raw)
+        current = decode_route(raw)  # the entry as stored: its legacy weight field stays
         if current.slot_limit == limit:
             return False
         if not check_mode:
@@ -191,7 +269,7 @@ def remove_route(layout, name, check_mode=False):
     """Delete route name (new connections on its port go to the proxy) and clear its slots."""
     name = validate_route_name(name)
     require_maps(layout)
-    with writer_lock(layout):
+    with writer_lock(layout, "removing route %r" % name):
         before = find_route(read_routes(layout), name)
         if before is None:
             return {"changed": False, "before": None, "after": None}

@@ -370,7 +370,11 @@ history_reset:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_guard
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    FleetError,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
     evaluate_gates,
@@ -567,8 +571,8 @@ def main():
     ]
     try:
         result = run(params, module.check_mode)
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     diff = result.pop("_diff")
     if module._diff:
         result["diff"] = diff

@@ -125,7 +125,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets imp
     register_engine_socket,
     unregister_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     layout_from_params,
     layout_options,
@@ -181,8 +184,8 @@ def main():
             result = unregister_engine_socket(
                 layout, params["route"], params["slot"], module.check_mode
             )
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
 
     output = {
         "changed": result["changed"],

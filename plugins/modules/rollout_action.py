@@ -81,7 +81,11 @@ outcome:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_ops
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    FleetError,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     store_from_params,
@@ -128,8 +132,8 @@ def main():
         changed, result = run(store_from_params(module.params), module.params)
     except StoreUnavailable as exc:
         module.fail_json(outcome="unreachable", **exc.fail_json_kwargs())
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     output = {"changed": changed, "result": result}
     if "fence" in result:
         output["fence"] = result["fence"]

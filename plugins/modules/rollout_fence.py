@@ -99,7 +99,10 @@ import getpass
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     StoreUnavailable,
     store_from_params,
@@ -138,8 +141,8 @@ def main():
         if params["action"] == "read" or params["require_store"]:
             module.fail_json(**exc.fail_json_kwargs())
         module.exit_json(changed=False, fence=None, store_updated=False, store_error=exc.message)
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     output = {"changed": True, "fence": after, "store_updated": not module.check_mode}
     if module._diff:
         output["diff"] = {"before": before, "after": after}

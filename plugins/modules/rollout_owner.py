@@ -87,7 +87,10 @@ heartbeat_pid:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     runner_identity,
     store_from_params,
@@ -126,8 +129,8 @@ def main():
             alive=heartbeat.alive,
         )
         pid = heartbeat.start_detached(store.client, holder["lease"], runner, params["ttl"] / 3.0)
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     module.exit_json(changed=True, owner=holder, heartbeat_pid=pid)
 
 

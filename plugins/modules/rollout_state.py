@@ -271,7 +271,10 @@ lagging_nodes:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_records
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_options
 
@@ -359,8 +362,8 @@ def main():
     )
     try:
         result = run(module.params, module.check_mode)
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     diff = result.pop("_diff")
     if module._diff and result["changed"]:
         result["diff"] = diff

@@ -117,7 +117,10 @@ after:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     layout_from_params,
     layout_options,
@@ -162,8 +165,8 @@ def main():
             )
         else:
             result = remove_route(layout, params["name"], module.check_mode)
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
 
     after = result["after"]
     output = {

@@ -134,7 +134,11 @@ latency:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    FleetError,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     layout_from_params,
     layout_options,
@@ -160,8 +164,8 @@ def main():
                     "name %r is not a known route under %s" % (name, module.params["pin_dir"]),
                     {"field": "name", "value": name},
                 )
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
     module.exit_json(changed=False, **report)
 
 

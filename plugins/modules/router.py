@@ -15,10 +15,18 @@ description:
     into the existing
     link atomically (C(BPF_LINK_UPDATE)); the maps are kept, so routes, weights, engine sockets and
     counters survive.
-  - V(detached) force-detaches the link (the kernel then delivers every connection to whoever binds
-    the port, the
-    proxy) and removes the link pin; program and maps stay, so attaching again restores every route.
-  - V(absent) also removes the program and map pins and O(pin_dir).
+  - V(detached) is the deep rollback. It raises the node's fence (see O(epoch)), records the router
+    mode C(detached) in O(fence_file), force-detaches the link (the kernel then delivers every
+    connection to whoever binds the port, the proxy) and removes the program and map pins and
+    O(pin_dir). It is the same action as C(zerolayer-routectl detach).
+  - V(absent) is another name for V(detached), one and the same deep rollback; a node cannot drop
+    its router without keeping it detached.
+  - The detached mode is sticky, because a deep rollback is for a program that misbehaves in the
+    kernel. It lives in O(fence_file), outside bpffs, so a reboot keeps it; O(state=attached), the
+    boot unit C(zerolayer-routectl attach), C(systemctl restart zerolayer-router) and every run of
+    the C(zerolayer.fleet.ebpf_router) role leave the router detached and say so (a warning here,
+    O(state=attached) then returns ok, not changed, with RV(kept_detached)). Only O(restore=true)
+    attaches it again (C(zerolayer-routectl attach --restore), C(playbooks/restore.yml)).
   - Mounting the bpffs is not this module's job; it fails clearly when O(pin_dir) is not on one.
   - Deciding whether O(object) differs from the running program loads it once, pinned briefly under
     O(pin_dir) and
@@ -32,7 +40,8 @@ requirements:
   - CAP_BPF and CAP_NET_ADMIN (root)
 options:
   state:
-    description: Whether the router should run, be detached but keep its routes, or be gone.
+    description: Whether the router should run (V(attached)) or be rolled back deep and kept
+      detached (V(detached), or its other name V(absent)).
     type: str
     choices: [attached, detached, absent]
     default: attached
@@ -56,7 +65,8 @@ options:
     default: /sys/fs/bpf/zerolayer
   fence_file:
     description:
-      - File, outside bpffs, where the node keeps the highest fence epoch it has seen.
+      - File, outside bpffs, where the node keeps the highest fence epoch it has seen, and the
+        router mode (kept detached by a deep rollback, or active).
     type: path
     default: /var/lib/zerolayer/fence.json
   epoch:
@@ -66,6 +76,26 @@ options:
         the link is detached; omitted, it goes one above the node's own.
       - Ignored with O(state=attached).
     type: int
+  reason:
+    description:
+      - With O(state=detached) or O(state=absent), why the router is detached; kept with the
+        detached mode in O(fence_file) and shown to whoever tries to attach it.
+    type: str
+    default: deep rollback
+  restore:
+    description:
+      - With O(state=attached), leave the detached mode a deep rollback recorded and attach the
+        router again. Without it a detached node stays detached.
+      - On a node that is not detached it changes nothing.
+    type: bool
+    default: false
+  move_netns:
+    description:
+      - With O(state=attached), allow moving the router's link from the network namespace it is
+        attached to into O(netns). Without it attaching to another netns with the same O(pin_dir)
+        fails and changes nothing, since that would leave the first netns without the router.
+    type: bool
+    default: false
 notes:
   - The pin layout is C(prog), C(link) and C(maps/zl_routes), C(maps/zl_sockets),
     C(maps/zl_counters),
@@ -92,10 +122,12 @@ EXAMPLES = r"""
   zerolayer.fleet.router:
     state: detached
     epoch: 7
+    reason: p99 decision time above 1 us after the upgrade
 
-- name: Remove the router with its routes
+- name: Put the router back after a deep rollback (leaves the detached mode)
   zerolayer.fleet.router:
-    state: absent
+    object: /usr/local/lib/zerolayer/zerolayer_router.bpf.o
+    restore: true
 """
 
 RETURN = r"""
@@ -110,6 +142,18 @@ fence:
   returned: when O(state) is V(detached) or V(absent)
   type: dict
   sample: {epoch_before: 3, epoch: 4}
+mode:
+  description: The router mode recorded in O(fence_file) after the deep rollback.
+  returned: when O(state) is V(detached) or V(absent)
+  type: dict
+  sample: {mode: detached, epoch: 4, at: "2025-05-01T12:00:00Z", reason: deep rollback}
+kept_detached:
+  description:
+    - With O(state=attached), the detached mode record that kept the router from attaching
+      (nothing was changed; give O(restore=true) to attach), or null when it was not kept detached.
+  returned: when O(state=attached)
+  type: dict
+  sample: {mode: detached, epoch: 4, at: "2025-05-01T12:00:00Z", reason: deep rollback}
 router:
   description: State of the router after the change.
   returned: always
@@ -139,8 +183,10 @@ router:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     layout_from_params,
     layout_options,
@@ -148,8 +194,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
     SELF_NETNS,
     attach,
-    detach,
-    remove,
+    deep_rollback,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+    kept_detached_message,
 )
 
 
@@ -160,6 +208,9 @@ def main():
             object=dict(type="path"),
             netns=dict(type="path", default=SELF_NETNS),
             epoch=dict(type="int"),
+            reason=dict(type="str", default="deep rollback"),
+            restore=dict(type="bool", default=False),
+            move_netns=dict(type="bool", default=False),
             **layout_options(),
         ),
         required_if=[("state", "attached", ["object"])],
@@ -173,24 +224,28 @@ def main():
     try:
         layout = layout_from_params(params)
         if params["state"] == "attached":
-            result = attach(layout, params["object"], params["netns"], module.check_mode, runner)
-        else:
-            # A deep rollback fences the node first: nothing may raise a weight once it acts.
-            fence_before, fence_after = raise_fence(
-                layout.fence_file, params["epoch"], "deep rollback", module.check_mode
+            result = attach(
+                layout,
+                params["object"],
+                params["netns"],
+                module.check_mode,
+                runner,
+                restore=params["restore"],
+                move_netns=params["move_netns"],
             )
-            if params["state"] == "detached":
-                result = detach(layout, module.check_mode)
-            else:
-                result = remove(layout, module.check_mode)
-            result["fence"] = {"epoch_before": fence_before, "epoch": fence_after}
-            result["changed"] = result["changed"] or fence_after != fence_before
-    except FleetError as exc:
-        module.fail_json(**exc.fail_json_kwargs())
+            if result["kept_detached"]:
+                module.warn(kept_detached_message(result["kept_detached"], layout.fence_file))
+        else:
+            result = deep_rollback(
+                layout, params["epoch"], params["reason"], check_mode=module.check_mode
+            )
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
 
     output = {"changed": result["changed"], "actions": result["actions"], "router": result["after"]}
-    if "fence" in result:
-        output["fence"] = result["fence"]
+    for key in ("fence", "mode", "kept_detached"):
+        if key in result:
+            output[key] = result[key]
     if module._diff:
         output["diff"] = {"before": result["before"], "after": result["after"]}
     module.exit_json(**output)

@@ -5,7 +5,9 @@ Every test gets its own pin dir on a private bpffs (the host has none mounted at
 nginx processes in it. Teardown runs also when a test fails.
 """
 
+import contextlib
 import ctypes
+import io
 import json
 import os
 import shutil
@@ -85,9 +87,9 @@ def bpffs():
         os.rmdir(mountpoint)
 
 
-@pytest.fixture
-def layout(bpffs):
-    """A fresh pin dir for one test; everything under it is detached and unpinned afterwards."""
+@contextlib.contextmanager
+def pin_layout(bpffs):
+    """A fresh pin dir; everything under it is detached and unpinned afterwards."""
     # The node's fence file of this router too, so no test touches the machine's own.
     fence_dir = tempfile.mkdtemp(prefix="zlt-fence-")
     pins = PinLayout(
@@ -105,6 +107,20 @@ def layout(bpffs):
                     shutil.rmtree(pins.pin_dir, ignore_errors=True)
         finally:
             shutil.rmtree(fence_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def layout(bpffs):
+    """A fresh pin dir for one test (one node's router)."""
+    with pin_layout(bpffs) as pins:
+        yield pins
+
+
+@pytest.fixture
+def second_layout(bpffs):
+    """Another node's pin dir, for tests that compare two routers."""
+    with pin_layout(bpffs) as pins:
+        yield pins
 
 
 class Netns:
@@ -135,7 +151,10 @@ class Netns:
         listen: the nginx listen addresses, each with port appended, e.g. "127.0.0.1",
         "[::1]" or "[::]" with " ipv6only=off" after it for one dual-stack socket.
         """
-        prefix = os.path.join(self.workdir, "nginx-%s-%d" % (identity, port))
+        # Unique per start: two nginx with one identity (one per family) may run at once.
+        prefix = os.path.join(
+            self.workdir, "nginx-%s-%d-%s" % (identity, port, uuid.uuid4().hex[:6])
+        )
         os.makedirs(prefix, exist_ok=True)
         conf = os.path.join(prefix, "nginx.conf")
         listen_lines = "\n".join(
@@ -188,10 +207,15 @@ class Netns:
             argv += ["--source-port", str(source_port)]
         return json.loads(self.run(argv, timeout=300).stdout)
 
-    def background_clients(self, port=SERVICE_PORT):
-        """Start clients that connect until stopped; returns a stop() giving their report."""
+    def background_clients(self, port=SERVICE_PORT, port_range=None):
+        """Start clients that connect until stopped; returns a stop() giving their report.
+
+        port_range (first, last): every connection's source port, taken in turn.
+        """
         stop_file = os.path.join(self.workdir, "stop-" + uuid.uuid4().hex[:6])
         argv = [sys.executable, CLIENT, str(port), "--until-file", stop_file]
+        if port_range:
+            argv += ["--port-range", "%d:%d" % port_range]
         proc = self.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 20
         while not os.path.exists(stop_file + ".started"):
@@ -281,6 +305,74 @@ def proxy(netns):
 def engine(netns):
     """A second nginx on its own port standing in for a model engine's HTTP listener."""
     return netns.start_nginx(ENGINE_PORT, "engine")
+
+
+# zerolayer-routectl, run in this process
+
+
+def routectl(layout, *argv, config=None):
+    """Run the CLI; return (exit status, parsed JSON from stdout or stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    prefix = [
+        "--config", config or "/nonexistent/router.json",
+        "--pin-dir", layout.pin_dir,
+        "--fence-file", layout.fence_file,
+    ]  # fmt: skip
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+
+    status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
+    text = out.getvalue() or err.getvalue()
+    assert text.count("\n") == 1, "one JSON line, got %r" % text
+    return status, json.loads(text)
+
+
+def ok(layout, *argv, config=None):
+    status, payload = routectl(layout, *argv, config=config)
+    assert status == 0, payload
+    return payload
+
+
+@pytest.fixture
+def attached(layout, netns, proxy, engine, router_object):
+    """Router attached in the netns with route chat on 8080 and the engine in slot 0."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+
+    router_lifecycle.attach(layout, router_object, netns.path)
+    set_route(layout, "chat", SERVICE_PORT, 0)
+    registered = ok(
+        layout, "register", "--route", "chat", "--slot", "0", "--pid", str(engine.pid),
+        "--port", str(ENGINE_PORT), "--timeout", "5",
+    )  # fmt: skip
+    assert registered["changed"] is True and registered["cookie"] > 0
+    return layout
+
+
+def maps_bytes(layout):
+    """Every key and value of every pinned map of the router, raw: "nothing changed" proof.
+
+    Per-CPU values are read for every possible CPU; a sockmap reads back socket cookies.
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+        MAP_SPECS,
+        MAP_TYPE_PERCPU_ARRAY,
+    )
+
+    snapshot = {}
+    for spec in MAP_SPECS:
+        path = layout.map(spec.name)
+        if not os.path.exists(path):
+            continue
+        value_size = spec.value_size
+        if spec.map_type == MAP_TYPE_PERCPU_ARRAY:
+            value_size = (value_size + 7) // 8 * 8 * bpf_syscall.possible_cpus()
+        with opened(path) as fd:
+            snapshot[spec.name] = [
+                (key, bpf_syscall.map_lookup(fd, key, value_size))
+                for key in sorted(bpf_syscall.map_keys(fd, spec.key_size))
+            ]
+    return snapshot
 
 
 def four_sigma_bounds(count, share):

@@ -2,15 +2,17 @@
 
 Mirrors zl_tuple_hash and the slot choice in files/bpf/zerolayer_router.bpf.c
 for IPv4 and IPv6; the values are read from struct bpf_sk_lookup exactly as the program
-reads them (addresses and remote port in network order, local port host order).
+reads them (addresses and remote port in network order, local port host order). The
+seeds are the node's own, read from its zl_config map (Seeds.of).
 """
 
+import collections
 import socket
 import struct
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import read_layout_config
+
 MASK = (1 << 64) - 1
-SEED_WEIGHT = 0x9E3779B97F4A7C15
-SEED_SLOT = 0xC2B2AE3D27D4EB4F
 AF_INET = 2
 AF_INET6 = 10
 IPPROTO_TCP = 6
@@ -52,18 +54,27 @@ def tuple_hash(remote_ip, remote_port, local_ip, local_port, seed):
     return mix(h ^ ((port_field(remote_port) << 16 | local_port) & MASK))
 
 
-def takes_engine_path(tuple4, weight_bp):
-    return tuple_hash(*tuple4, SEED_WEIGHT) % 10000 < weight_bp
+class Seeds(collections.namedtuple("Seeds", "weight slot")):
+    """One node's seeds (zl_config)."""
+
+    @classmethod
+    def of(cls, layout):
+        _version, seed_weight, seed_slot = read_layout_config(layout)
+        return cls(seed_weight, seed_slot)
 
 
-def is_timed(tuple4, sample_shift):
+def takes_engine_path(tuple4, weight_bp, seeds):
+    return tuple_hash(*tuple4, seeds.weight) % 10000 < weight_bp
+
+
+def is_timed(tuple4, sample_shift, seeds):
     """Whether the program times this connection's decision (zl_timed)."""
-    return tuple_hash(*tuple4, SEED_WEIGHT) >> (64 - sample_shift) == 0
+    return tuple_hash(*tuple4, seeds.weight) >> (64 - sample_shift) == 0
 
 
-def chosen_slot(tuple4, live_slots):
+def chosen_slot(tuple4, live_slots, seeds):
     live = sorted(live_slots)
-    return live[tuple_hash(*tuple4, SEED_SLOT) % len(live)]
+    return live[tuple_hash(*tuple4, seeds.slot) % len(live)]
 
 
 def sk_lookup_ctx(remote_ip, remote_port, local_ip, local_port, protocol=IPPROTO_TCP):

@@ -8,13 +8,19 @@ is left on either side, so ports can be reused at once and never run out.
     http_client.py PORT --count N --source-port P [--source-port Q ...]
                                                    N connections from each fixed source port
     http_client.py PORT --until-file F             connect until file F exists
+    --port-range A:B                               bind each connection to the next source
+                                                   port of A..B in turn, so the test knows
+                                                   the 4-tuple of every connection (and can
+                                                   say which path a failed one would take)
     --host H                                       server (and source) address, default
                                                    127.0.0.1; ::1 for IPv6
 Prints one JSON object: {"served": {body: count}, "errors": n, "error_samples": [...],
-"by_source_port": {port: [body, ...]}}.
+"by_source_port": {port: [body, ...]}, "failed_source_ports": [port, ...]} (the last: with
+--port-range, every failed connection's source port).
 """
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -57,22 +63,31 @@ def main():
     parser.add_argument("--source-port", type=int, action="append", default=[])
     parser.add_argument("--until-file")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port-range")
     args = parser.parse_args()
 
-    served, errors, samples, by_source = {}, 0, [], {}
+    served, errors, samples, by_source, failed_ports = {}, 0, [], {}, []
+    cycle = None
+    if args.port_range:
+        first, last = (int(part) for part in args.port_range.split(":"))
+        cycle = itertools.cycle(range(first, last + 1))
 
     def one(source_port=None):
         nonlocal errors
+        if cycle is not None:
+            source_port = next(cycle)
         try:
             body = fetch(args.host, args.port, source_port)
         except (OSError, RuntimeError) as exc:
             errors += 1
             if len(samples) < 5:
                 samples.append(repr(exc))
+            if cycle is not None:
+                failed_ports.append(source_port)
             body = "error"
         else:
             served[body] = served.get(body, 0) + 1
-        if source_port is not None:
+        if source_port is not None and cycle is None:
             by_source.setdefault(str(source_port), []).append(body)
 
     if args.until_file:
@@ -88,7 +103,13 @@ def main():
         for _ in range(args.count):
             one()
     json.dump(
-        {"served": served, "errors": errors, "error_samples": samples, "by_source_port": by_source},
+        {
+            "served": served,
+            "errors": errors,
+            "error_samples": samples,
+            "by_source_port": by_source,
+            "failed_source_ports": failed_ports,
+        },
         sys.stdout,
     )
 

@@ -21,6 +21,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_latency_buckets,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    FAMILIES_MAP,
     ROUTES_MAP,
     SOCKETS_MAP,
     ensure_pin_dirs,
@@ -28,6 +29,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened_map,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    FAMILIES_VALUE,
     LATENCY_SAMPLE_SHIFT,
     SOCKET_VALUE,
     encode_port,
@@ -38,6 +40,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read
 
 from .decision_model import (
     IPPROTO_UDP,
+    Seeds,
     chosen_slot,
     is_timed,
     sk_lookup_ctx,
@@ -127,7 +130,7 @@ def test_weight_0_never_and_10000_always_takes_the_engine(loaded, listeners):
     timed = [
         port
         for port in range(40000, 40200)
-        if is_timed((CLIENT, port, SERVER, PORT), LATENCY_SAMPLE_SHIFT)
+        if is_timed((CLIENT, port, SERVER, PORT), LATENCY_SAMPLE_SHIFT, Seeds.of(loaded))
     ]
     assert timed, "no tuple of the sample range is timed; widen the range"
     assert sum(read_latency_buckets(loaded)) == 2 * len(timed)
@@ -138,7 +141,7 @@ def test_decision_matches_the_hash_model_at_the_weight_edge(loaded, listeners):
     set_route(loaded, "svc", port=PORT, weight=0)
     register(loaded, engine)
     for remote_port in (40001, 41234, 55555):
-        edge_bp = tuple_hash(CLIENT, remote_port, SERVER, PORT, 0x9E3779B97F4A7C15) % 10000
+        edge_bp = tuple_hash(CLIENT, remote_port, SERVER, PORT, Seeds.of(loaded).weight) % 10000
         set_route(loaded, "svc", weight=edge_bp / 100.0)  # hash == weight: proxy
         assert decide(loaded, remote_port) == 0
         set_route(loaded, "svc", weight=(edge_bp + 1) / 100.0)  # hash < weight: engine
@@ -152,7 +155,9 @@ def test_decisions_follow_the_model_and_are_deterministic(loaded, listeners):
     ports = range(30000, 30600)
     first = [decide(loaded, port) for port in ports]
     expected = [
-        cookie_of(engine) if takes_engine_path((CLIENT, port, SERVER, PORT), 3750) else 0
+        cookie_of(engine)
+        if takes_engine_path((CLIENT, port, SERVER, PORT), 3750, Seeds.of(loaded))
+        else 0
         for port in ports
     ]
     assert first == expected
@@ -167,7 +172,9 @@ def test_ipv6_decisions_follow_the_model(loaded, listeners):
     ports = range(30000, 30400)
     chosen = [decide(loaded, port, client=CLIENT6, server=SERVER6) for port in ports]
     expected = [
-        cookie_of(engine) if takes_engine_path((CLIENT6, port, SERVER6, PORT), 3750) else 0
+        cookie_of(engine)
+        if takes_engine_path((CLIENT6, port, SERVER6, PORT), 3750, Seeds.of(loaded))
+        else 0
         for port in ports
     ]
     assert chosen == expected
@@ -179,14 +186,84 @@ def test_ipv6_decisions_follow_the_model(loaded, listeners):
 
 def test_only_a_dual_stack_socket_takes_ipv4_connections(loaded, listeners):
     set_route(loaded, "svc", port=PORT, weight=100)
-    register(loaded, listeners("::1"))  # IPV6_V6ONLY: the kernel refuses it for IPv4
+    register(loaded, listeners("::1"))  # IPV6_V6ONLY: the kernel would refuse it for IPv4
+    # Not a candidate for IPv4 at all: the proxy takes it, and nothing is refused.
     assert decide(loaded, 40000) == 0
-    assert read_counters(loaded, 0)["assign_errors"] == 1
+    assert read_counters(loaded, 0)["fallback_no_socket"] == 1
+    assert read_counters(loaded, 0)["assign_errors"] == 0
     dual_stack = listeners("::", v6only=False)
     register(loaded, dual_stack)
     assert decide(loaded, 40000) == cookie_of(dual_stack)
     assert decide(loaded, 40000, client=CLIENT6, server=SERVER6) == cookie_of(dual_stack)
     assert read_counters(loaded, 0)["to_engine"] == 2
+
+
+def test_each_family_uses_only_the_sockets_that_can_take_it(loaded, listeners):
+    """One socket per family on one route (the runbook's way): no connection is refused."""
+    engine4, engine6 = listeners("127.0.0.1"), listeners("::1")
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, engine4, slot=0)
+    register(loaded, engine6, slot=1)
+    ports = range(20000, 20200)
+    assert {decide(loaded, port) for port in ports} == {cookie_of(engine4)}
+    assert {decide(loaded, port, client=CLIENT6, server=SERVER6) for port in ports} == {
+        cookie_of(engine6)
+    }
+    counters = read_counters(loaded, 0)
+    assert counters["to_engine"] == 400
+    assert counters["assign_errors"] == counters["fallback_no_socket"] == 0
+
+
+def test_a_socket_of_unknown_families_may_be_tried_and_its_refusal_counted(loaded, listeners):
+    """Bits 0: a socket registered before the families were kept (layout 1)."""
+    set_route(loaded, "svc", port=PORT, weight=100)
+    register(loaded, listeners("::1"))
+    with opened_map(loaded, FAMILIES_MAP) as map_fd:
+        bpf_syscall.map_update(map_fd, socket_key(0, 0), FAMILIES_VALUE.pack(0))
+    assert decide(loaded, 40000) == 0
+    assert read_counters(loaded, 0)["assign_errors"] == 1
+
+
+def test_two_nodes_decide_differently_for_the_same_tuples(
+    loaded, second_layout, listeners, router_object
+):
+    engine = listeners()
+    ensure_pin_dirs(second_layout)
+    load_program(router_object, second_layout.prog, second_layout, reuse_maps=False)
+    assert Seeds.of(loaded) != Seeds.of(second_layout)
+    for node in (loaded, second_layout):
+        set_route(node, "svc", port=PORT, weight=50)
+        register(node, engine)
+    ports = range(30000, 30400)
+    here = [decide(loaded, port) for port in ports]
+    there = [decide(second_layout, port) for port in ports]
+    # Same weight, other seed: about half the tuples differ (each node still follows its model).
+    differ = sum(a != b for a, b in zip(here, there))
+    assert 100 < differ < 300, differ
+    for node, chosen in ((loaded, here), (second_layout, there)):
+        seeds = Seeds.of(node)
+        assert chosen == [
+            cookie_of(engine) if takes_engine_path((CLIENT, p, SERVER, PORT), 5000, seeds) else 0
+            for p in ports
+        ]
+
+
+def test_a_program_upgrade_keeps_every_tuples_path(loaded, listeners, upgraded_object):
+    engine = listeners()
+    set_route(loaded, "svc", port=PORT, weight=50)
+    register(loaded, engine)
+    ports = range(30000, 30400)
+    before = [decide(loaded, port) for port in ports]
+    seeds = Seeds.of(loaded)
+    load_program(upgraded_object, loaded.next_prog, loaded, reuse_maps=True)
+    with opened(loaded.prog) as old, opened(loaded.next_prog) as new:
+        assert bpf_syscall.prog_info(old)["tag"] != bpf_syscall.prog_info(new)["tag"]
+    os.unlink(loaded.prog)  # bpffs has no rename: pin the new program under the old name
+    with opened(loaded.next_prog) as new:
+        bpf_syscall.obj_pin(new, loaded.prog)
+    os.unlink(loaded.next_prog)
+    assert Seeds.of(loaded) == seeds
+    assert [decide(loaded, port) for port in ports] == before
 
 
 def test_empty_slots_are_skipped_and_live_ones_chosen_by_hash(loaded, listeners):
@@ -197,7 +274,8 @@ def test_empty_slots_are_skipped_and_live_ones_chosen_by_hash(loaded, listeners)
     ports = range(20000, 20400)
     chosen = [decide(loaded, port) for port in ports]
     expected = [
-        cookie_of(engines[chosen_slot((CLIENT, port, SERVER, PORT), engines)]) for port in ports
+        cookie_of(engines[chosen_slot((CLIENT, port, SERVER, PORT), engines, Seeds.of(loaded))])
+        for port in ports
     ]
     assert chosen == expected
     assert set(chosen) == {cookie_of(sock) for sock in engines.values()}

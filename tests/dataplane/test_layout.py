@@ -14,12 +14,15 @@ PROBE = r"""
 int main(void)
 {
     printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct zl_route),
-           offsetof(struct zl_route, port), offsetof(struct zl_route, weight_bp),
+           offsetof(struct zl_route, port), offsetof(struct zl_route, legacy_weight_bp),
            offsetof(struct zl_route, generation), offsetof(struct zl_route, route_index),
            offsetof(struct zl_route, slot_limit),
            sizeof(struct zl_counters), offsetof(struct zl_counters, assign_errors));
     printf("%d %d %d %d %d %u %d\n", ZL_ROUTE_NAME_LEN, ZL_MAX_ROUTES, ZL_MAX_SLOTS,
            ZL_WEIGHT_SCALE, ZL_LATENCY_BUCKETS, zl_socket_key(5, 3), ZL_LATENCY_SAMPLE_SHIFT);
+    printf("%zu %zu %zu %d %d %d\n", sizeof(struct zl_config),
+           offsetof(struct zl_config, seed_weight), offsetof(struct zl_config, seed_slot),
+           ZL_LAYOUT_VERSION, ZL_TAKES_IPV4, ZL_TAKES_IPV6);
     return 0;
 }
 """
@@ -30,9 +33,9 @@ def test_header_layout_matches_the_codec(tmp_path):
     source.write_text(PROBE)
     binary = str(tmp_path / "probe")
     subprocess.run(["cc", "-I", BPF_DIR, "-o", binary, str(source)], check=True)
-    sizes, constants = subprocess.run(
+    sizes, constants, config = subprocess.run(
         [binary], check=True, capture_output=True, text=True
-    ).stdout.split("\n")[:2]
+    ).stdout.split("\n")[:3]
     assert [int(n) for n in sizes.split()] == [
         route_codec.ROUTE_VALUE.size,
         32,
@@ -52,5 +55,13 @@ def test_header_layout_matches_the_codec(tmp_path):
         route_codec.LATENCY_BUCKETS,
         int.from_bytes(route_codec.socket_key(5, 3), "little"),
         route_codec.LATENCY_SAMPLE_SHIFT,
+    ]
+    assert [int(n) for n in config.split()] == [
+        route_codec.CONFIG_VALUE.size,
+        8,
+        16,
+        route_codec.LAYOUT_VERSION,
+        route_codec.TAKES_IPV4,
+        route_codec.TAKES_IPV6,
     ]
     assert os.path.basename(BPF_DIR) == "bpf"

@@ -5,23 +5,17 @@ import os
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
-    ROUTES_MAP,
     PinLayout,
-    opened_map,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
-    PORT_KEY,
-    ROUTE_VALUE,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
     remove_route,
     set_route,
 )
 
-from .conftest import ENGINE_PORT, REPO, SERVICE_PORT, four_sigma_bounds
+from .conftest import ENGINE_PORT, REPO, SERVICE_PORT, four_sigma_bounds, maps_bytes
 
 
 def ansible(module, **args):
@@ -50,13 +44,6 @@ def ansible(module, **args):
             "ansible printed no JSON (rc %d): %s %s" % (proc.returncode, proc.stdout, proc.stderr)
         )
     return report["plays"][0]["tasks"][0]["hosts"]["localhost"]
-
-
-def route_map_bytes(layout):
-    """Every key and value of the route map, raw."""
-    with opened_map(layout, ROUTES_MAP) as fd:
-        keys = sorted(bpf_syscall.map_keys(fd, PORT_KEY.size))
-        return [(key, bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size)) for key in keys]
 
 
 def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
@@ -100,11 +87,11 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
 
     # The fence: a raise with an epoch older than the node's is refused, the map unchanged.
     assert ansible("route", name="svc", weight="0", epoch=4, **pin)["changed"]
-    before = route_map_bytes(layout)
+    before = maps_bytes(layout)
     stale = ansible("route", name="svc", weight="50", epoch=3, **pin)
     assert stale.get("failed") and stale["field"] == "epoch", stale
     assert "epoch 3" in stale["msg"] and "fence epoch 4" in stale["msg"]
-    assert route_map_bytes(layout) == before
+    assert maps_bytes(layout) == before
     assert ansible("route", name="svc", weight="100", epoch=4, **pin)["changed"]
 
     detached = ansible("router", state="detached", epoch=6, **pin)
@@ -133,21 +120,21 @@ def test_bad_input_through_ansible_fails_and_changes_nothing(
 ):
     router_lifecycle.attach(layout, router_object, netns.path)
     set_route(layout, "svc", port=SERVICE_PORT, weight=12.5)
-    before = route_map_bytes(layout)
+    before = maps_bytes(layout)
     result = ansible(
         "route",
         **{"name": "svc", "pin_dir": layout.pin_dir, "fence_file": layout.fence_file, **args},
     )
     assert result.get("failed") is True
     assert message in result["msg"]
-    assert route_map_bytes(layout) == before
+    assert maps_bytes(layout) == before
 
 
 def test_bad_input_through_module_utils_changes_nothing(layout, netns, router_object):
     router_lifecycle.attach(layout, router_object, netns.path)
     set_route(layout, "svc", port=SERVICE_PORT, weight=20)
     set_route(layout, "other", port=SERVICE_PORT + 1, weight=1)
-    before = route_map_bytes(layout)
+    before = maps_bytes(layout)
     bad_calls = [
         ({"name": "svc", "weight": -1}, "weight must be"),
         ({"name": "svc", "weight": 100.001}, "weight must be"),
@@ -158,13 +145,15 @@ def test_bad_input_through_module_utils_changes_nothing(layout, netns, router_ob
         ({"name": "new", "port": SERVICE_PORT, "weight": 5}, "already routed by route 'svc'"),
         ({"name": "nosuch", "weight": 5}, "give port to create it"),
         ({"name": "bad name", "port": 1234}, "name must be"),
+        ({"name": "svc\n", "weight": 5}, "name must be"),
+        ({"name": "svc", "weight": 250}, "weight must be a percentage from 0 to 100"),
     ]
     for kwargs, message in bad_calls:
         with pytest.raises(FleetError, match=message.replace("(", r"\(")):
             set_route(layout, **kwargs)
-        assert route_map_bytes(layout) == before, kwargs
+        assert maps_bytes(layout) == before, kwargs
     assert remove_route(layout, "nosuch")["changed"] is False
-    assert route_map_bytes(layout) == before
+    assert maps_bytes(layout) == before
 
 
 def test_missing_pins_fail_clearly(bpffs, tmp_path):

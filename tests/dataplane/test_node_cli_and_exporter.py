@@ -7,7 +7,7 @@ loopback.
 """
 
 import contextlib
-import io
+import errno
 import json
 import os
 import socket
@@ -22,7 +22,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     LATENCY_SAMPLE_EVERY,
 )
 
-from .conftest import four_sigma_bounds
+from .conftest import four_sigma_bounds, ok, routectl
 
 # The ports the proxy and engine fixtures of conftest.py listen on.
 SERVICE_PORT = 8080
@@ -36,56 +36,35 @@ EXPORTER = (
 )
 
 
-def routectl(layout, *argv, config=None):
-    """Run the CLI; return (exit status, parsed JSON from stdout or stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    prefix = [
-        "--config", config or "/nonexistent/router.json",
-        "--pin-dir", layout.pin_dir,
-        "--fence-file", layout.fence_file,
-    ]  # fmt: skip
-    status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
-    text = out.getvalue() or err.getvalue()
-    assert text.count("\n") == 1, "one JSON line, got %r" % text
-    return status, json.loads(text)
-
-
-def ok(layout, *argv, config=None):
-    status, payload = routectl(layout, *argv, config=config)
-    assert status == 0, payload
-    return payload
-
-
-@pytest.fixture
-def attached(layout, netns, proxy, engine, router_object):
-    """Router attached in the netns with route chat on 8080 and the engine in slot 0."""
-    router_lifecycle.attach(layout, router_object, netns.path)
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
-
-    set_route(layout, "chat", SERVICE_PORT, 0)
-    registered = ok(
-        layout, "register", "--route", "chat", "--slot", "0", "--pid", str(engine.pid),
-        "--port", str(ENGINE_PORT), "--timeout", "5",
-    )  # fmt: skip
-    assert registered["changed"] is True and registered["cookie"] > 0
-    return layout
-
-
 def free_port():
     with contextlib.closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+# The capabilities the exporter is given on a node (templates/zerolayer-route-exporter.service.j2):
+# none at all without run-time statistics (root owns the pins, and reading them through
+# fds of one's own takes no capability), CAP_SYS_ADMIN for BPF_ENABLE_STATS.
+NO_CAPABILITIES = ("setpriv", "--bounding-set=-all", "--inh-caps=-all", "--")
+STATS_CAPABILITIES = ("setpriv", "--bounding-set=-all,+sys_admin", "--inh-caps=-all", "--")
+
+
+def exporter_argv(port, pin_dir, *options, wrapper=()):
+    return [*wrapper, sys.executable, "-c", EXPORTER, "--listen-address", "127.0.0.1",
+            "--port", str(port), "--pin-dir", pin_dir, *options]  # fmt: skip
+
+
 @pytest.fixture
 def exporter(layout):
-    """zerolayer-route-exporter on loopback; returns scrape() giving the text."""
+    """zerolayer-route-exporter on loopback; returns scrape() giving the text.
+
+    start(pin_dir, *options, wrapper=argv prefix) starts it; scrape.pid is its process.
+    """
     port = free_port()
     started = []
 
-    def start(pin_dir=None):
-        argv = [sys.executable, "-c", EXPORTER, "--listen-address", "127.0.0.1",
-                "--port", str(port), "--pin-dir", pin_dir or layout.pin_dir]  # fmt: skip
+    def start(*options, pin_dir=None, wrapper=()):
+        argv = exporter_argv(port, pin_dir or layout.pin_dir, *options, wrapper=wrapper)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started.append(proc)
         deadline = time.monotonic() + 20
@@ -107,6 +86,7 @@ def exporter(layout):
                 assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
                 return response.read().decode()
 
+        scrape.pid = proc.pid
         return scrape
 
     try:
@@ -118,7 +98,24 @@ def exporter(layout):
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=15)
+                proc.wait()
+
+
+def open_fd_targets(pid):
+    """What each open fd of a process refers to (anon_inode:bpf-stats, anon_inode:bpf-map...)."""
+    fd_dir = "/proc/%d/fd" % pid
+    targets = []
+    for name in os.listdir(fd_dir):
+        with contextlib.suppress(FileNotFoundError):  # closed while we looked
+            targets.append(os.readlink(os.path.join(fd_dir, name)))
+    return targets
+
+
+def capabilities(pid):
+    """{CapEff, CapBnd, ...} of a process as integers."""
+    with open("/proc/%d/status" % pid) as handle:
+        fields = dict(line.split(":\t", 1) for line in handle.read().splitlines() if ":\t" in line)
+    return {key: int(fields[key], 16) for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
 
 
 def value(text, series):
@@ -162,8 +159,9 @@ def test_rollback_zeroes_every_route_and_confirms(attached, netns):
     result = ok(attached, "rollback")
     assert result["rolled_back"] is True
     by_name = {route["route"]: route for route in result["routes"]}
-    assert by_name["chat"]["weight_before"] == 100 and by_name["chat"]["generation"] == 4
-    assert by_name["batch"]["weight_before"] == 40 and by_name["batch"]["generation"] == 2
+    # The rollback writes weights only (zl_weights), blind: the route entries are untouched.
+    assert by_name["chat"]["weight_before"] == 100 and by_name["chat"]["generation"] == 3
+    assert by_name["batch"]["weight_before"] == 40 and by_name["batch"]["generation"] == 1
     assert all(route["weight"] == 0 and route["confirmed"] for route in result["routes"])
     assert netns.clients(count=50)["served"] == {"proxy": 50}
 
@@ -216,17 +214,21 @@ def test_detach_then_attach_from_config(attached, netns, engine, router_object, 
             }
         )
     )
-    result = ok(attached, "attach", config=str(config))
+    # A deep rollback sticks: the boot path keeps the router detached until --restore.
+    kept = ok(attached, "attach", config=str(config))
+    assert kept["attached"] is False and kept["kept_detached"]["mode"] == "detached", kept
+    assert netns.clients(count=30)["served"] == {"proxy": 30}
+    result = ok(attached, "attach", "--restore", config=str(config))
     assert result["attached"] is True
-    assert {r["route"]: r["changed"] for r in result["routes"]} == {"chat": False, "batch": True}
-    assert result["engines"] == [{"route": "chat", "slot": 0, "registered": True, "changed": False}]
+    assert {r["route"]: r["changed"] for r in result["routes"]} == {"chat": True, "batch": True}
+    assert result["engines"] == [{"route": "chat", "slot": 0, "registered": True, "changed": True}]
     # The detach raised the node's fence: the boot path, which carries no epoch, creates the
-    # new route at 0 instead of its declared 25 %, and says why.
+    # route at 0 instead of its declared 25 %, and says why.
     fenced = {r["route"]: r.get("fenced", "") for r in result["routes"]}
     assert "fence epoch 1" in fenced["batch"] and not fenced["chat"], fenced
     weights = {r["name"]: r["weight"] for r in ok(attached, "show")["routes"]}
-    assert weights == {"chat": 100, "batch": 0}, "a live weight survives re-attach"
-    assert netns.clients(count=30)["served"] == {"engine": 30}
+    assert weights == {"chat": 0, "batch": 0}, "a restore starts from the config's routes"
+    assert netns.clients(count=30)["served"] == {"proxy": 30}
 
 
 def test_attach_pin_weight_overrides_the_live_weight(attached, netns, router_object, tmp_path):
@@ -247,7 +249,7 @@ def test_attach_pin_weight_overrides_the_live_weight(attached, netns, router_obj
 
 
 def test_exporter_serves_the_documented_metrics(attached, netns, exporter):
-    scrape = exporter()
+    scrape = exporter("--run-time-stats", wrapper=STATS_CAPABILITIES)
     ok(attached, "set-weight", "--route", "chat", "--weight", "100")
     netns.clients(count=CONNECTIONS)
     text = scrape()
@@ -260,7 +262,8 @@ def test_exporter_serves_the_documented_metrics(attached, netns, exporter):
         )
         == 1
     )
-    # The exporter holds BPF_ENABLE_STATS: every lookup since it started is counted.
+    # Asked for, the exporter holds BPF_ENABLE_STATS: every lookup since it started is counted.
+    assert "anon_inode:bpf-stats" in open_fd_targets(scrape.pid)
     assert value(text, "zerolayer_router_runs_total") >= CONNECTIONS
     assert value(text, "zerolayer_router_run_seconds_total") > 0
     assert value(text, 'zerolayer_route_weight_ratio{route="chat",port="8080"}') == 1
@@ -280,12 +283,97 @@ def test_exporter_serves_the_documented_metrics(attached, netns, exporter):
 
 def test_exporter_after_detach_keeps_route_series(attached, exporter):
     scrape = exporter()
-    ok(attached, "detach")
+    router_lifecycle.detach(attached)  # the link only: program and maps stay pinned
     text = scrape()
     promtool_check(text)
     assert value(text, "zerolayer_router_attached") == 0
     assert "zerolayer_router_info{" not in text
     assert value(text, 'zerolayer_route_weight_ratio{route="chat",port="8080"}') == 0
+
+
+def test_exporter_after_a_deep_rollback_reports_the_router_gone(attached, exporter):
+    scrape = exporter()
+    ok(attached, "detach")  # the deep rollback unpins program and maps as well
+    text = scrape()
+    promtool_check(text)
+    assert value(text, "zerolayer_router_attached") == 0
+    assert "zerolayer_route_" not in text
+
+
+def test_exporter_by_default_holds_no_run_time_stats_and_no_capability(attached, netns, exporter):
+    scrape = exporter(wrapper=NO_CAPABILITIES)
+    assert capabilities(scrape.pid)["CapEff"] == 0, "the exporter must run with no capability"
+    ok(attached, "set-weight", "--route", "chat", "--weight", "100")
+    netns.clients(count=CONNECTIONS)
+    text = scrape()
+    promtool_check(text)
+    assert "anon_inode:bpf-stats" not in open_fd_targets(scrape.pid)
+    # The series built from run-time statistics are left out, not exported as zeros.
+    assert "zerolayer_router_runs_total" not in text
+    assert "zerolayer_router_run_seconds_total" not in text
+    # Everything else is read from the real pins with no capability at all.
+    program = router_lifecycle.program_state(attached)
+    assert value(text, "zerolayer_router_attached") == 1
+    info = 'zerolayer_router_info{prog_id="%d",tag="%s"}' % (program["id"], program["tag"])
+    assert value(text, info) == 1
+    assert value(text, 'zerolayer_route_weight_ratio{route="chat",port="8080"}') == 1
+    assert value(text, 'zerolayer_route_engine_sockets{route="chat"}') == 1
+    lookups = value(text, 'zerolayer_route_lookups_total{route="chat"}')
+    assert lookups >= CONNECTIONS
+    assert value(text, 'zerolayer_route_decisions_total{route="chat",outcome="engine"}') == lookups
+
+
+def test_exporter_asked_for_stats_without_cap_sys_admin_fails_clearly(attached):
+    argv = exporter_argv(free_port(), attached.pin_dir, "--run-time-stats", wrapper=NO_CAPABILITIES)
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "BPF_ENABLE_STATS failed" in proc.stderr and "EPERM" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_exporter_maps_are_opened_read_only(attached, monkeypatch):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+        ROUTES_MAP,
+        opened_map,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import PORT_KEY
+
+    before = routes_map_bytes(attached)
+    # Every pin one scrape opens, and how: maps and program read-only, the link (which the
+    # kernel opens only read-write) nothing else.
+    opens, obj_get = [], bpf_syscall.obj_get
+
+    def recording_obj_get(path, what=None, read_only=False):
+        opens.append((os.path.relpath(path, attached.pin_dir), read_only))
+        return obj_get(path, what, read_only)
+
+    monkeypatch.setattr(bpf_syscall, "obj_get", recording_obj_get)
+    snapshot = exposition.collect(attached)
+    monkeypatch.undo()
+    assert snapshot["routes"] and snapshot["attached"], snapshot
+    opened_for_writing = {path for path, read_only in opens if not read_only}
+    assert opened_for_writing == {"link"}, opens
+    assert {path for path, _read_only in opens} >= {"prog", "maps/zl_routes", "maps/zl_weights"}, (
+        opens
+    )
+
+    # And such an fd really cannot change a map: the kernel refuses, the bytes stay.
+    with opened_map(attached, ROUTES_MAP, read_only=True) as fd:
+        with open("/proc/self/fdinfo/%d" % fd) as handle:
+            fdinfo = dict(line.split(":", 1) for line in handle.read().splitlines())
+        assert int(fdinfo["flags"], 8) & os.O_ACCMODE == os.O_RDONLY, fdinfo
+        key = PORT_KEY.pack(SERVICE_PORT)
+        raw = bpf_syscall.map_lookup(fd, key, len(before[key]))
+        assert raw == before[key], "a read-only fd still reads"
+        with pytest.raises(FleetError) as refused:
+            bpf_syscall.map_update(fd, key, bytes(len(raw)))
+        assert refused.value.errno == errno.EPERM
+        with pytest.raises(FleetError) as refused:
+            bpf_syscall.map_delete(fd, key)
+        assert refused.value.errno == errno.EPERM
+    assert routes_map_bytes(attached) == before, "the map is unchanged byte for byte"
 
 
 def test_exporter_with_nothing_pinned(bpffs, exporter):
@@ -369,3 +457,55 @@ def test_detach_raises_the_fence_before_it_detaches(attached):
     with open(attached.fence_file) as handle:
         kept = json.load(handle)
     assert kept["epoch"] == 9 and kept["action"] == "deep rollback"
+
+
+def rendered_exporter_unit(**overrides):
+    """The role's exporter unit rendered with its defaults, as {directive: [values]}."""
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "ebpf_router")
+    with open(os.path.join(role, "defaults", "main.yml")) as handle:
+        defaults = yaml.safe_load(handle)
+    variables = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in defaults.items()}
+    variables["ansible_managed"] = "Ansible managed"
+    variables["ansible_facts"] = {"default_ipv4": {"address": "192.0.2.7"}}
+    variables.update(overrides)
+    with open(os.path.join(role, "templates", "zerolayer-route-exporter.service.j2")) as handle:
+        text = Templar(loader=DataLoader(), variables=variables).template(
+            trust_as_template(handle.read())
+        )
+    directives = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _sep, val = line.partition("=")
+            directives.setdefault(key, []).append(val)
+    return directives
+
+
+def test_exporter_unit_defaults_give_no_capability_and_no_stats():
+    unit = rendered_exporter_unit()
+    assert unit["CapabilityBoundingSet"] == [""]
+    assert unit["AmbientCapabilities"] == [""]
+    assert unit["SecureBits"] == ["noroot noroot-locked"]
+    (exec_start,) = unit["ExecStart"]
+    assert "--run-time-stats" not in exec_start
+    assert "--listen-address 192.0.2.7 " in exec_start, "the node's address, not 0.0.0.0"
+    for directive, wanted in (
+        ("ProtectSystem", "strict"),
+        ("ProtectKernelTunables", "yes"),
+        ("MemoryDenyWriteExecute", "yes"),
+        ("NoNewPrivileges", "yes"),
+        ("RestrictAddressFamilies", "AF_INET AF_INET6"),
+    ):
+        assert unit[directive] == [wanted], directive
+    # bpf() is in @privileged: it must be allowed again after that group is taken away.
+    assert unit["SystemCallFilter"][-1] == "bpf"
+
+
+def test_exporter_unit_with_run_time_stats_gets_cap_sys_admin_only():
+    unit = rendered_exporter_unit(ebpf_router_exporter_run_time_stats=True)
+    assert unit["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
+    assert unit["AmbientCapabilities"] == ["CAP_SYS_ADMIN"]
+    assert unit["ExecStart"][0].endswith(" --run-time-stats")

@@ -18,7 +18,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import rea
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 
 from .conftest import ENGINE_PORT, SERVICE_PORT, four_sigma_bounds
-from .decision_model import takes_engine_path
+from .decision_model import Seeds, takes_engine_path
 
 CONNECTIONS = 2500
 
@@ -81,21 +81,33 @@ def test_ipv6_connections_follow_the_weight_and_ipv4_ones_cannot_reach_a_v6_only
     by_port = netns.clients(count=3, source_ports=source_ports, host="::1")["by_source_port"]
     expected = {
         str(port): [
-            "engine" if takes_engine_path(("::1", port, "::1", SERVICE_PORT), 5000) else "proxy"
+            "engine"
+            if takes_engine_path(("::1", port, "::1", SERVICE_PORT), 5000, Seeds.of(layout))
+            else "proxy"
         ]
         * 3
         for port in source_ports
     }
     assert by_port == expected
 
-    # An IPv6-only engine socket cannot take an IPv4 connection: the kernel refuses the
-    # assignment and the proxy serves it, no error for the client.
+    # An IPv6-only engine socket cannot take an IPv4 connection: the router does not try
+    # it (nothing refused), and the proxy serves it, no error for the client.
     set_route(layout, "svc", weight=100)
     assert netns.clients(count=200, host="::1")["served"] == {"engine": 200}
     before = read_counters(layout, 0)
     report = netns.clients(count=200)
     assert report["errors"] == 0 and report["served"] == {"proxy": 200}, report
-    assert read_counters(layout, 0)["assign_errors"] - before["assign_errors"] == 200
+    after = read_counters(layout, 0)
+    assert after["fallback_no_socket"] - before["fallback_no_socket"] == 200
+    assert after["assign_errors"] == before["assign_errors"]
+
+    # The runbook's way: one engine socket per family on the route; each family reaches it.
+    engine4 = netns.start_nginx(ENGINE_PORT, "engine", listen=("127.0.0.1",))
+    register_engine_socket(
+        layout, "svc", engine4.pid, ENGINE_PORT, slot=1, family="inet", timeout=10
+    )
+    assert netns.clients(count=200)["served"] == {"engine": 200}
+    assert netns.clients(count=200, host="::1")["served"] == {"engine": 200}
 
 
 def test_engines_in_several_slots_share_the_engine_path(routed, netns):

@@ -77,4 +77,46 @@ def test_the_fence_file_is_private_and_replaced_whole(path):
 
     fence.raise_fence(path, 2)
     assert os.stat(path).st_mode & 0o777 == 0o600
-    assert os.listdir(os.path.dirname(path)) == ["fence.json"]
+    # No temp file left behind; the lock file of the read-modify-writes stays, also private.
+    assert sorted(os.listdir(os.path.dirname(path))) == ["fence.json", "fence.json.lock"]
+    assert os.stat(path + ".lock").st_mode & 0o777 == 0o600
+
+
+def test_writes_keep_the_records_other_keys(path):
+    fence.write_fence(path, {"epoch": 2, "router": {"mode": "detached", "epoch": 2}})
+    assert fence.admit(path, 3, True, "weight 5%") == 3
+    assert fence.raise_fence(path, None, "fast rollback") == (3, 4)
+    kept = fence.read_fence(path)
+    assert kept["router"] == {"mode": "detached", "epoch": 2}, kept
+    assert (kept["epoch"], kept["action"]) == (4, "fast rollback")
+
+
+def test_raise_writes_the_record_it_is_given_in_the_same_write(path):
+    assert fence.raise_fence(path, 5, "deep rollback", record=lambda e: {"mode_at": e}) == (0, 5)
+    assert fence.read_fence(path)["mode_at"] == 5
+    # An unchanged epoch still writes the record; check mode writes nothing.
+    fence.raise_fence(path, 5, record=lambda e: {"note": "again"})
+    assert fence.read_fence(path)["note"] == "again"
+    fence.raise_fence(path, 9, check_mode=True, record=lambda e: {"note": "preview"})
+    assert fence.read_fence(path)["note"] == "again" and fence.read_fence(path)["epoch"] == 5
+
+
+def test_a_raise_and_a_writers_record_never_lose_each_other(path):
+    """Processes raising the fence (no epoch: one above) at once: no raise is lost."""
+    import multiprocessing
+
+    fence.raise_fence(path, 1)
+    workers = [
+        multiprocessing.Process(target=_raise_many, args=(path, 25)) for _worker in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    assert fence.read_fence(path)["epoch"] == 1 + 4 * 25
+
+
+def _raise_many(path, times):
+    for _time in range(times):
+        fence.raise_fence(path, None, "fast rollback")

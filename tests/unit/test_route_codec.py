@@ -55,7 +55,9 @@ def test_valid_route_names(name):
     assert validate_route_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "x" * 32, "-lead", "has space", "ünï", None, 5, "a/b"])
+@pytest.mark.parametrize(
+    "name", ["", "x" * 32, "-lead", "has space", "ünï", None, 5, "a/b", "svc\n", "svc\n\n"]
+)
 def test_invalid_route_names(name):
     with pytest.raises(FleetError, match=r"^name must be 1-31 characters"):
         validate_route_name(name)
@@ -76,3 +78,31 @@ def test_invalid_ports(port):
 def test_invalid_slots(slot):
     with pytest.raises(FleetError, match=r"^slot must be an integer from 0 to 7"):
         validate_slot(slot)
+
+
+def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAP_SPECS
+
+    names = [spec.name for spec in MAP_SPECS]
+    assert len(set(names)) == len(names) == 7
+    assert all(len(name) <= 15 for name in names)  # BPF_OBJ_NAME_LEN 16, NUL included
+    assert [spec.name for spec in MAP_SPECS if spec.since_layout == 1] == [
+        "zl_routes",
+        "zl_sockets",
+        "zl_counters",
+        "zl_latency",
+    ]
+
+
+def test_a_map_spec_names_each_difference():
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+        MAP_SPEC_BY_NAME,
+    )
+
+    spec = MAP_SPEC_BY_NAME["zl_routes"]
+    info = {"type": 1, "key_size": 4, "value_size": 48, "max_entries": 128}
+    assert spec.differences(info) == [
+        "value_size 48 (expected 56)",
+        "max_entries 128 (expected 64)",
+    ]
+    assert spec.differences({**info, "value_size": 56, "max_entries": 64}) == []

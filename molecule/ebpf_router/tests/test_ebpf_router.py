@@ -7,9 +7,12 @@ Tests run in file order: the traffic tests change the weight and put it back to 
 """
 
 import json
+import os
 import shutil
 import subprocess
+import time
 
+NODE = "zl-mol-ebpf-router-1"
 ROUTECTL = "/usr/local/sbin/zerolayer-routectl"
 PIN_DIR = "/sys/fs/bpf/zerolayer"
 SERVICE_PORT = 8080
@@ -19,8 +22,6 @@ TIMED_SAMPLE_CONNECTIONS = 400
 METRIC_NAMES = (
     "zerolayer_router_attached",
     "zerolayer_router_info",
-    "zerolayer_router_run_seconds_total",
-    "zerolayer_router_runs_total",
     "zerolayer_route_weight_ratio",
     "zerolayer_route_generation",
     "zerolayer_route_engine_sockets",
@@ -65,7 +66,10 @@ def metrics(host):
     Some connections strip a command's trailing newline, which the text format requires:
     a marker printed after the text keeps it (and only what follows the marker is dropped).
     """
-    scrape = host.run("curl -sS --max-time 5 http://127.0.0.1:9464/metrics && echo END")
+    # The exporter listens on the node's address (the one Prometheus scrapes), not loopback.
+    scrape = host.run(
+        "curl -sS --max-time 5 http://%s:9464/metrics && echo END" % node_address(host)
+    )
     assert scrape.rc == 0, scrape.stderr
     output = scrape.stdout.rstrip("\n")
     assert output.endswith("\nEND"), "the exposition must end with a newline"
@@ -130,7 +134,24 @@ def test_units_are_installed_and_running(host):
     exporter = host.service("zerolayer-route-exporter.service")
     assert exporter.is_enabled
     assert exporter.is_running
-    assert host.socket("tcp://0.0.0.0:9464").is_listening
+    assert host.socket("tcp://%s:9464" % node_address(host)).is_listening
+    assert not host.socket("tcp://0.0.0.0:9464").is_listening
+
+
+def test_exporter_runs_with_no_capability_and_no_run_time_stats(host):
+    unit = "zerolayer-route-exporter.service"
+    shown = host.check_output(
+        "systemctl show -p CapabilityBoundingSet -p AmbientCapabilities -p ProtectSystem "
+        "-p MainPID %s" % unit
+    )
+    properties = dict(line.split("=", 1) for line in shown.splitlines())
+    assert properties["CapabilityBoundingSet"] == "", properties
+    assert properties["AmbientCapabilities"] == "", properties
+    assert properties["ProtectSystem"] == "strict", properties
+    status = host.file("/proc/%s/status" % properties["MainPID"]).content_string
+    assert "CapEff:\t0000000000000000" in status
+    fds = host.check_output("ls -l /proc/%s/fd" % properties["MainPID"])
+    assert "bpf-stats" not in fds, "BPF_ENABLE_STATS is held only when asked for"
 
 
 def test_config_matches_inventory(host):
@@ -155,6 +176,8 @@ def test_exporter_serves_valid_metrics(host):
         assert "# TYPE %s " % name in text, name
     assert metric_value(text, "zerolayer_router_attached") == 1
     assert metric_value(text, "zerolayer_route_engine_sockets", route="chat") == 1
+    # Run-time statistics are off by default: their series are absent, not zero.
+    assert "zerolayer_router_runs_total" not in text
     promtool = shutil.which("promtool")
     assert promtool, "promtool (package prometheus) is needed on the controller"
     check = subprocess.run(
@@ -188,24 +211,106 @@ def test_rollback_sends_new_connections_to_the_proxy(host):
     assert served_by(host) == {"proxy": REQUESTS}
 
 
-def test_boot_unit_reattaches_after_detach(host):
+def controller_playbook(*argv):
+    """ansible-playbook on the controller against this scenario's nodes."""
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    # Warnings go to stderr, wrapped to the terminal's width.
+    return " ".join((proc.stdout + proc.stderr).split())
+
+
+def reboot_node():
+    """Restart the node's container (a reboot: a fresh bpffs, systemd starting every unit)."""
+    subprocess.run(["podman", "restart", NODE], check=True, capture_output=True, timeout=300)
+    deadline = time.monotonic() + 180
+    while True:
+        # --wait returns once systemd has finished starting up (running, or degraded).
+        state = subprocess.run(
+            ["podman", "exec", NODE, "systemctl", "is-system-running", "--wait"],
+            capture_output=True, text=True, check=False, timeout=200,
+        )  # fmt: skip
+        if state.stdout.strip() in ("running", "degraded"):
+            return
+        assert time.monotonic() < deadline, "node did not finish booting: %r" % state.stdout
+        time.sleep(2)
+
+
+def assert_kept_detached(host, when):
+    shown = routectl(host, "show")
+    assert shown["router"]["attached"] is False, "attached again %s" % when
+    assert shown["router"]["maps_pinned"] is False, "maps pinned again %s" % when
+    assert shown["fence"]["router"]["mode"] == "detached", when
+    # Link ids are kernel-wide: count only links in this node's own netns.
+    node_netns = int(host.check_output("stat -L -c %i /proc/self/ns/net"))
+    links = json.loads(host.check_output("bpftool --json link show"))
+    mine = [
+        link
+        for link in links
+        if link.get("attach_type") == "sk_lookup" and link.get("netns_ino") == node_netns
+    ]
+    assert not mine, "%s: %r" % (when, mine)
+    assert (
+        host.check_output("systemctl show -p ActiveState --value zerolayer-router.service")
+        == "active"
+    ), "the boot unit must succeed on a detached node (%s)" % when
+    host.run_expect([0], "ss -Htln 'sport = :%d' | grep -q LISTEN" % SERVICE_PORT)
+    assert served_by(host, 10) == {"proxy": 10}, when
+
+
+def test_deep_rollback_stays_through_role_run_unit_restart_and_reboot(host):
     # The rollback before raised the node's fence: a raise needs the node's current epoch.
     epoch = routectl(host, "show")["fence"]["epoch"]
     assert epoch >= 1, "the rollback fences the node"
     refused = host.run("%s set-weight --route chat --weight 100" % ROUTECTL)
     assert refused.rc == 2 and '"field": "epoch"' in refused.stderr, refused.stderr
     routectl(host, "set-weight", "--route", "chat", "--weight", "100", "--epoch", str(epoch))
-    detached = routectl(host, "detach")
-    assert detached["attached"] is False
-    assert served_by(host, 10) == {"proxy": 10}, "a detached router must not steer"
+    assert served_by(host, 10) == {"engine": 10}
+    detached = routectl(host, "detach", "--reason", "molecule-verify")
+    assert detached["attached"] is False and detached["maps_pinned"] is False
+    assert detached["mode"]["mode"] == "detached" and detached["fence_epoch"] == epoch + 1
     assert metric_value(metrics(host), "zerolayer_router_attached") == 0
-    restart = host.run("systemctl restart zerolayer-router.service")
-    assert restart.rc == 0, restart.stderr
+    assert_kept_detached(host, "after the deep rollback")
+
+    ran = controller_playbook(
+        os.path.join(os.environ["MOLECULE_SCENARIO_DIRECTORY"], "converge.yml"),
+        "--skip-tags", "molecule-idempotence-notest",
+    )  # fmt: skip
+    assert "kept detached" in ran, "the role run must say the router was kept detached"
+    assert_kept_detached(host, "after a run of the ebpf_router role")
+
+    host.run_expect([0], "systemctl restart zerolayer-router.service")
+    assert_kept_detached(host, "after systemctl restart zerolayer-router")
+    said = host.check_output("journalctl -u zerolayer-router.service -n 5 --no-pager")
+    assert "kept_detached" in said, said
+
+    reboot_node()
+    assert_kept_detached(host, "after a reboot of the node")
+
+
+def test_restore_playbook_attaches_the_router_again(host):
+    epoch = routectl(host, "show")["fence"]["epoch"]
+    controller_playbook(
+        os.path.join(os.environ["MOLECULE_PROJECT_DIRECTORY"], "playbooks", "restore.yml")
+    )
     shown = routectl(host, "show")
     assert shown["router"]["attached"] is True
-    assert shown["routes"][0]["weight"] == 100, "re-attach must keep the live weight"
+    assert shown["fence"]["router"]["mode"] == "active"
+    assert shown["fence"]["epoch"] == epoch, "a restore does not lower or raise the fence"
+    (route,) = shown["routes"]
+    assert route["weight"] == 0, "a restore starts from the inventory's weight"
+    assert list(route["slots"]) == ["0"]
+    assert served_by(host, 10) == {"proxy": 10}
+    routectl(host, "set-weight", "--route", "chat", "--weight", "100", "--epoch", str(epoch))
     assert served_by(host, 10) == {"engine": 10}
     routectl(host, "set-weight", "--route", "chat", "--weight", "0")
+    host.run_expect([0], "systemctl restart zerolayer-router.service")
+    assert routectl(host, "show")["router"]["attached"] is True, "active again: boot attaches"
 
 
 def test_register_hook_reregisters_the_engine(host):

@@ -1,0 +1,105 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The router's mode on this node: active, or kept detached by a deep rollback.
+
+A deep rollback is for a program that misbehaves in the kernel, so attaching it again by
+itself (the boot unit, `systemctl restart zerolayer-router`, a run of the ebpf_router role)
+could turn one bad program into a crash loop. The mode is kept in the node's fence file,
+outside bpffs, so a reboot keeps it too. Every attach honours it; only an explicit restore
+(router restore=true, `zerolayer-routectl attach --restore`, playbooks/restore.yml) leaves
+"detached".
+
+The record lives under the fence file's "router" key:
+    {"mode": "detached", "epoch": 7, "at": "2025-01-01T00:00:00Z", "reason": "..."}
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+    fence_file_lock,
+    read_fence,
+    write_fence,
+)
+
+MODE_KEY = "router"
+ACTIVE = "active"
+DETACHED = "detached"
+DEFAULT_DETACH_REASON = "deep rollback"
+RESTORE_HINT = (
+    "restore it with zerolayer.fleet.router restore=true, `zerolayer-routectl attach "
+    "--restore` or playbooks/restore.yml"
+)
+
+
+def read_mode(fence_file):
+    """The node's router mode record; {"mode": "active"} when none was ever recorded."""
+    record = read_fence(fence_file).get(MODE_KEY)
+    if record is None:
+        return {"mode": ACTIVE}
+    if not isinstance(record, dict) or record.get("mode") not in (ACTIVE, DETACHED):
+        # Read as "active" it could re-attach a program a deep rollback took away.
+        raise FleetError(
+            "fence file %s: its %r record must be an object with mode %r or %r; got %r. "
+            "Fix it by hand: set mode %r only if the router may run again"
+            % (fence_file, MODE_KEY, ACTIVE, DETACHED, record, ACTIVE),
+            {"field": "fence_file", "path": fence_file},
+        )
+    return record
+
+
+def is_detached(fence_file):
+    return read_mode(fence_file)["mode"] == DETACHED
+
+
+def detached_record(fence_file, reason=None):
+    """For fence.raise_fence(record=...): the keys that keep the router detached.
+
+    A repeat at the same epoch keeps the first record (its time and reason).
+    """
+    current = read_mode(fence_file)
+
+    def record(epoch):
+        if current["mode"] == DETACHED and current.get("epoch") == epoch:
+            return {}
+        return {
+            MODE_KEY: {
+                "mode": DETACHED,
+                "epoch": epoch,
+                "at": _now(),
+                "reason": reason or DEFAULT_DETACH_REASON,
+            }
+        }
+
+    return record
+
+
+def record_active(fence_file, reason="restore", check_mode=False):
+    """Leave "detached" (an explicit restore); returns the record that was left."""
+    with fence_file_lock(fence_file):
+        fence = read_fence(fence_file)
+        left = read_mode(fence_file)
+        if left["mode"] != ACTIVE and not check_mode:
+            active = {"mode": ACTIVE, "epoch": fence["epoch"], "at": _now(), "reason": reason}
+            write_fence(fence_file, dict(fence, **{MODE_KEY: active}))
+    return left
+
+
+def kept_detached_message(record, fence_file):
+    return (
+        "the router is kept detached by the deep rollback at fence epoch %s (%s, reason: %s; "
+        "recorded in %s): nothing was attached. Once the program is fixed, %s"
+        % (
+            record.get("epoch", "unknown"),
+            record.get("at", "unknown time"),
+            record.get("reason", "none given"),
+            fence_file,
+            RESTORE_HINT,
+        )
+    )
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

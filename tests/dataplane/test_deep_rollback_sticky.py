@@ -1,0 +1,307 @@
+"""A deep rollback keeps the router detached; an interrupted upgrade and netns moves.
+
+Real kernel, real netns (fixtures in conftest.py): the router module runs through Ansible,
+zerolayer-routectl in-process through node_cli.run and, for the boot path, as its own
+process the way zerolayer-router.service runs it.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    bpf_syscall,
+    node_cli,
+    router_lifecycle,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence, write_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+
+from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, run
+from .test_modules import ansible
+
+BOOT_ROUTECTL = (
+    "import sys; sys.path.insert(0, %r); "
+    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+    "sys.exit(main())" % COLLECTIONS_PATH
+)
+
+
+def routectl(layout, *argv, config=None):
+    """The CLI in-process; (exit status, the one JSON line it printed)."""
+    out, err = io.StringIO(), io.StringIO()
+    prefix = ["--config", config or "/nonexistent/router.json", "--pin-dir", layout.pin_dir,
+              "--fence-file", layout.fence_file]  # fmt: skip
+    status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
+    text = out.getvalue() or err.getvalue()
+    assert text.count("\n") == 1, "one JSON line, got %r" % text
+    return status, json.loads(text)
+
+
+def boot_attach(config):
+    """`zerolayer-routectl --config CONFIG attach`, exactly as the boot unit runs it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", BOOT_ROUTECTL, "--config", config, "attach"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout or proc.stderr)
+
+
+def write_config(tmp_path, layout, router_object, netns, engine):
+    config = tmp_path / "router.json"
+    config.write_text(
+        json.dumps(
+            {
+                "pin_dir": layout.pin_dir,
+                "fence_file": layout.fence_file,
+                "object": router_object,
+                "netns": netns.path,
+                "routes": [
+                    {
+                        "name": "chat",
+                        "port": SERVICE_PORT,
+                        "weight": 0,
+                        "engines": [{"slot": 0, "pid": engine.pid, "port": ENGINE_PORT}],
+                    }
+                ],
+            }
+        )
+    )
+    return str(config)
+
+
+def bare_config(tmp_path, layout, router_object, netns_path):
+    """A node config with no routes, attaching to netns_path."""
+    config = tmp_path / "router.json"
+    settings = {"pin_dir": layout.pin_dir, "fence_file": layout.fence_file}
+    settings.update(object=router_object, netns=netns_path)
+    config.write_text(json.dumps(settings))
+    return str(config)
+
+
+def steer_everything(layout, engine):
+    """Route chat at 100 % with the engine in slot 0, at the node's current fence epoch."""
+    epoch = read_fence(layout.fence_file)["epoch"]
+    set_route(layout, "chat", SERVICE_PORT, 100, epoch=epoch)
+    status, registered = routectl(
+        layout, "register", "--route", "chat", "--slot", "0", "--pid", str(engine.pid),
+        "--port", str(ENGINE_PORT), "--timeout", "5", "--epoch", str(epoch),
+    )  # fmt: skip
+    assert status == 0, registered
+
+
+def file_bytes(path):
+    """The file's bytes; None while it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture
+def other_netns():
+    """A second network namespace (lo up), deleted afterwards."""
+    name = "zlt-" + uuid.uuid4().hex[:8]
+    run(["ip", "netns", "add", name])
+    try:
+        run(["ip", "-n", name, "link", "set", "lo", "up"])
+        yield "/run/netns/" + name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_deep_rollback_by_module_stays_detached_until_restore(
+    layout, netns, router_object, proxy, engine, tmp_path
+):
+    pin = {"pin_dir": layout.pin_dir, "fence_file": layout.fence_file}
+    assert ansible("router", object=router_object, netns=netns.path, **pin)["changed"]
+    steer_everything(layout, engine)
+    assert netns.clients(count=50)["served"] == {"engine": 50}
+
+    fence_before = file_bytes(layout.fence_file)
+    preview = ansible("router", state="detached", epoch=5, _check=True, **pin)
+    assert (
+        preview["changed"] and "keep the router detached from fence epoch 5" in preview["actions"]
+    ), preview
+    assert file_bytes(layout.fence_file) == fence_before, "check mode wrote the fence"
+    assert router_lifecycle.router_state(layout)["attached"], "check mode detached the router"
+    assert netns.clients(count=50)["served"] == {"engine": 50}
+
+    rolled = ansible("router", state="detached", epoch=5, reason="p99-above-target", **pin)
+    assert rolled["changed"] and rolled["fence"]["epoch"] == 5, rolled
+    assert rolled["mode"]["mode"] == "detached" and rolled["mode"]["epoch"] == 5
+    assert rolled["mode"]["reason"] == "p99-above-target" and rolled["mode"]["at"].endswith("Z")
+    assert not os.path.exists(layout.pin_dir), "a deep rollback unpins program and maps"
+    assert netns.clients(count=50)["served"] == {"proxy": 50}
+
+    # Every attach without restore: ok, not changed, nothing pinned, the reason said.
+    kept = ansible("router", object=router_object, netns=netns.path, **pin)
+    assert kept["changed"] is False and kept["kept_detached"]["epoch"] == 5, kept
+    assert any("fence epoch 5" in w and "restore=true" in w for w in kept["warnings"]), kept
+    assert not os.path.exists(layout.pin_dir)
+    config = write_config(tmp_path, layout, router_object, netns, engine)
+    for _boot in range(2):  # a boot, then `systemctl restart zerolayer-router`
+        status, booted = boot_attach(config)
+        assert status == 0 and booted["kept_detached"]["epoch"] == 5, booted
+        assert booted["attached"] is False and "attach --restore" in booted["message"]
+        assert not os.path.exists(layout.pin_dir), "the boot path attached a detached router"
+    assert netns.clients(count=50)["served"] == {"proxy": 50}
+
+    fence_before = file_bytes(layout.fence_file)
+    preview = ansible("router", object=router_object, netns=netns.path, restore=True, _check=True,
+                      **pin)  # fmt: skip
+    assert preview["changed"] and preview["actions"][0].startswith("leave the detached mode")
+    assert file_bytes(layout.fence_file) == fence_before and not os.path.exists(layout.pin_dir)
+
+    restored = ansible("router", object=router_object, netns=netns.path, restore=True, **pin)
+    assert restored["changed"] and restored["router"]["attached"], restored
+    fence = read_fence(layout.fence_file)
+    assert fence["router"]["mode"] == "active" and fence["epoch"] == 5
+    assert read_routes(layout) == [], "a restore starts from the inventory's routes"
+    again = ansible("router", object=router_object, netns=netns.path, **pin)
+    assert again["changed"] is False and again["kept_detached"] is None
+
+    # Without an epoch every deep rollback goes one above the node's own.
+    second = ansible("router", state="absent", **pin)
+    assert second["fence"] == {"epoch_before": 5, "epoch": 6}, second
+    assert second["mode"]["mode"] == "detached" and second["mode"]["epoch"] == 6
+
+
+def test_routectl_detach_is_the_deep_rollback_and_attach_restore_ends_it(
+    layout, netns, router_object, proxy, engine, tmp_path
+):
+    router_lifecycle.attach(layout, router_object, netns.path)
+    steer_everything(layout, engine)
+    # Keys other writers keep in the fence file survive every later write of it.
+    write_fence(layout.fence_file, dict(read_fence(layout.fence_file), note="kept"))
+
+    status, detached = routectl(layout, "detach", "--epoch", "3", "--reason", "verifier bug")
+    assert status == 0, detached
+    assert (detached["fence_epoch_before"], detached["fence_epoch"]) == (0, 3)
+    assert detached["attached"] is False and detached["maps_pinned"] is False
+    assert detached["mode"]["mode"] == "detached" and detached["mode"]["reason"] == "verifier bug"
+    assert not os.path.exists(layout.pin_dir)
+    assert netns.clients(count=50)["served"] == {"proxy": 50}
+    again = routectl(layout, "detach", "--epoch", "3")[1]
+    assert again["changed"] is False, "the same deep rollback twice changes nothing"
+
+    config = write_config(tmp_path, layout, router_object, netns, engine)
+    status, kept = routectl(layout, "attach", config=config)
+    assert status == 0 and kept["kept_detached"]["epoch"] == 3 and kept["routes"] == [], kept
+    assert ansible("router", object=router_object, netns=netns.path, pin_dir=layout.pin_dir,
+                   fence_file=layout.fence_file)["changed"] is False  # fmt: skip
+    assert not os.path.exists(layout.pin_dir)
+    assert read_fence(layout.fence_file)["router"]["reason"] == "verifier bug"
+
+    status, restored = routectl(layout, "attach", "--restore", config=config)
+    assert status == 0 and restored["attached"] is True, restored
+    assert restored["actions"][0] == "leave the detached mode of fence epoch 3"
+    assert restored["engines"][0]["registered"] is True, restored
+    fence = read_fence(layout.fence_file)
+    assert fence["router"]["mode"] == "active" and fence["note"] == "kept", fence
+    assert [(r.name, r.weight_bp) for r in read_routes(layout)] == [("chat", 0)]
+    assert netns.clients(count=50)["served"] == {"proxy": 50}
+    steer_everything(layout, engine)
+    assert netns.clients(count=50)["served"] == {"engine": 50}
+    # Active again: the boot path attaches (and finds nothing to do).
+    status, booted = boot_attach(config)
+    assert status == 0 and booted["attached"] is True and booted["kept_detached"] is None
+    assert booted["changed"] is False, booted
+    assert read_fence(layout.fence_file)["note"] == "kept"
+
+
+def test_an_unreadable_mode_record_refuses_attach_and_changes_nothing(
+    layout, netns, router_object, tmp_path
+):
+    write_fence(layout.fence_file, {"epoch": 2, "router": {"mode": "sleeping"}})
+    before = file_bytes(layout.fence_file)
+    with pytest.raises(FleetError, match="mode 'active' or 'detached'") as failed:
+        router_lifecycle.attach(layout, router_object, netns.path)
+    assert failed.value.details["field"] == "fence_file"
+    config = bare_config(tmp_path, layout, router_object, netns.path)
+    status, error = routectl(layout, "attach", config=config)
+    assert status == node_cli.EXIT_REJECTED and error["field"] == "fence_file", error
+    assert not os.path.exists(layout.pin_dir) and file_bytes(layout.fence_file) == before
+
+
+def interrupt_an_upgrade(layout, upgraded_object):
+    """What an upgrade stopped right after BPF_LINK_UPDATE leaves: the link runs a program
+    that no pin names, the old program still pinned as prog. Returns the running id."""
+    load_program(upgraded_object, layout.next_prog, layout, reuse_maps=True)
+    with opened(layout.next_prog) as new_fd, opened(layout.link) as link_fd:
+        bpf_syscall.link_update(link_fd, new_fd)
+        running = bpf_syscall.prog_info(new_fd)["id"]
+    os.unlink(layout.next_prog)
+    return running
+
+
+@pytest.mark.parametrize("second_build", [False, True])
+def test_attach_recovers_an_interrupted_upgrade(
+    layout, netns, router_object, upgraded_object, proxy, engine, second_build
+):
+    router_lifecycle.attach(layout, router_object, netns.path)
+    steer_everything(layout, engine)
+    link_id = router_lifecycle.link_state(layout)["id"]
+    pinned = router_lifecycle.program_state(layout)
+    running = interrupt_an_upgrade(layout, upgraded_object)
+    assert running != pinned["id"]
+    # Without the repair every swap naming the pinned program as the old one is refused.
+    with pytest.raises(FleetError), opened(layout.link) as link_fd, opened(layout.prog) as fd:
+        bpf_syscall.link_update(link_fd, fd, old_prog_fd=fd)
+    assert router_lifecycle.router_state(layout)["attached"] is False
+
+    wanted = upgraded_object if second_build else router_object
+    preview = router_lifecycle.attach(layout, wanted, netns.path, check_mode=True)
+    assert preview["actions"][0].startswith("point link %d back at the pinned program" % link_id)
+    assert router_lifecycle.link_state(layout)["prog_id"] == running, "check mode changed it"
+
+    result = router_lifecycle.attach(layout, wanted, netns.path)
+    assert result["changed"] and result["actions"][0] == preview["actions"][0], result
+    assert any(a.startswith("upgrade program") for a in result["actions"]) == second_build
+    after = result["after"]
+    assert after["attached"] and after["link"]["id"] == link_id, after
+    assert after["link"]["prog_id"] == after["program"]["id"]
+    assert (after["program"]["tag"] != pinned["tag"]) == second_build
+    assert [(r.name, r.weight_bp) for r in read_routes(layout)] == [("chat", 10000)]
+    report = netns.clients(count=100)
+    assert report["served"] == {"engine": 100} and report["errors"] == 0
+    assert router_lifecycle.attach(layout, wanted, netns.path)["changed"] is False
+
+
+def test_attach_to_another_netns_is_refused_unless_asked(
+    layout, netns, router_object, other_netns, tmp_path
+):
+    router_lifecycle.attach(layout, router_object, netns.path)
+    home = os.stat(netns.path).st_ino
+    away = os.stat(other_netns).st_ino
+    state = router_lifecycle.router_state(layout)
+    with pytest.raises(FleetError) as refused:
+        router_lifecycle.attach(layout, router_object, other_netns)
+    details = refused.value.details
+    assert (details["field"], details["netns_ino"], details["link_netns_ino"]) == (
+        "netns", away, home,
+    )  # fmt: skip
+    assert str(away) in refused.value.message and str(home) in refused.value.message
+    with pytest.raises(FleetError, match="move_netns=true"):
+        router_lifecycle.attach(layout, router_object, other_netns, check_mode=True)
+    pin = {"pin_dir": layout.pin_dir, "fence_file": layout.fence_file}
+    failed = ansible("router", object=router_object, netns=other_netns, **pin)
+    assert failed.get("failed") and failed["field"] == "netns", failed
+    config = bare_config(tmp_path, layout, router_object, other_netns)
+    status, error = routectl(layout, "attach", config=config)
+    assert status == node_cli.EXIT_REJECTED and error["field"] == "netns", error
+    assert router_lifecycle.router_state(layout) == state, "a refusal changed the router"
+
+    status, moved = routectl(layout, "attach", "--move-netns", config=config)
+    assert status == 0 and moved["attached"] is True, moved
+    assert router_lifecycle.link_state(layout)["netns_ino"] == away
+    back = ansible("router", object=router_object, netns=netns.path, move_netns=True, **pin)
+    assert back["changed"] and back["router"]["link"]["netns_ino"] == home, back
