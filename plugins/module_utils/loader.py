@@ -67,13 +67,14 @@ def find_bpftool():
     )
 
 
-def load_program(object_path, prog_pin, layout, reuse_maps, runner=None):
+def load_program(object_path, prog_pin, layout, reuse_maps, runner=None, seeds=None):
     """Load object_path as an sk_lookup program pinned at prog_pin.
 
     With reuse_maps the program uses the maps already pinned under layout.maps_dir
     (routes, sockets, counters and the node's seeds survive), after each was checked
     against its spec and the maps a newer layout adds were made; without, its new maps
-    get pinned there and the node gets its own seeds.
+    get pinned there and the node gets its own seeds (seeds: these instead, kept on
+    purpose from before a deep rollback).
     """
     argv = [find_bpftool(), "prog", "load", object_path, prog_pin, "type", "sk_lookup"]
     if reuse_maps:
@@ -92,12 +93,12 @@ def load_program(object_path, prog_pin, layout, reuse_maps, runner=None):
         )
     if not reuse_maps:
         # Not attached yet: no connection is decided before the seeds are there.
-        write_new_seeds(layout)
+        write_new_seeds(layout, seeds)
 
 
-def write_new_seeds(layout):
-    """Give the node its own random seeds and record the layout in zl_config."""
-    seed_weight, seed_slot = struct.unpack("=QQ", os.urandom(16))
+def write_new_seeds(layout, seeds=None):
+    """Give the node its own random seeds (or seeds) and record the layout in zl_config."""
+    seed_weight, seed_slot = seeds or struct.unpack("=QQ", os.urandom(16))
     with opened(layout.map(CONFIG_MAP)) as fd:
         bpf_syscall.map_update(
             fd,

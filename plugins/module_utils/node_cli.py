@@ -170,6 +170,11 @@ def build_parser():
         help="leave the detached mode a deep rollback recorded and attach again",
     )
     attach.add_argument(
+        "--keep-seeds",
+        action="store_true",
+        help="with --restore: use the hash seeds the deep rollback kept (the same paths)",
+    )
+    attach.add_argument(
         "--move-netns",
         action="store_true",
         help="allow moving the router's link out of the netns it is attached to",
@@ -382,6 +387,7 @@ def cmd_attach(args, config):
         config.get("netns", "/proc/self/ns/net"),
         restore=args.restore,
         move_netns=args.move_netns,
+        keep_seeds=args.keep_seeds,
     )
     if attached["kept_detached"]:
         # Exit 0: the boot unit must not fail (or loop) on a node kept detached on purpose.

@@ -20,10 +20,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import Flee
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    CONFIG_MAP,
     WriterLockTimeout,
     ensure_pin_dirs,
     missing_pins,
     opened,
+    read_layout_config,
     require_bpffs,
     unlink_if_present,
     writer_lock,
@@ -87,7 +89,7 @@ def router_state(layout):
     }
 
 
-def _load_fresh(layout, object_path, runner):
+def _load_fresh(layout, object_path, runner, seeds=None):
     """Load into an empty or map-only pin dir; reuse maps only if all of them are there."""
     missing = missing_pins(layout)
     if missing and len(missing) != len(layout.map_paths()):
@@ -96,7 +98,9 @@ def _load_fresh(layout, object_path, runner):
             "(this drops routes) and attach again" % (layout.pin_dir, ", ".join(missing)),
             {"field": "pin_dir", "missing": missing},
         )
-    load_program(object_path, layout.prog, layout, reuse_maps=not missing, runner=runner)
+    load_program(
+        object_path, layout.prog, layout, reuse_maps=not missing, runner=runner, seeds=seeds
+    )
 
 
 def _create_link(layout, netns_path):
@@ -148,12 +152,15 @@ def attach(
     runner=None,
     restore=False,
     move_netns=False,
+    keep_seeds=False,
 ):
     """Make the router run object_path in netns_path; return changed/actions/before/after.
 
     On a node a deep rollback keeps detached, nothing is attached unless restore is set:
-    the result then carries kept_detached (the mode record). move_netns allows taking the
-    pinned link away from the netns it runs in.
+    the result then carries kept_detached (the mode record). With keep_seeds a restore
+    uses the seeds the deep rollback kept (every tuple decided as before); without, the
+    maps made again get new ones. move_netns allows taking the pinned link away from the
+    netns it runs in.
     """
     if not os.path.isfile(object_path):
         raise FleetError(
@@ -173,8 +180,18 @@ def attach(
             "kept_detached": mode,
         }
     actions = []
+    seeds = None
     if mode["mode"] == router_mode.DETACHED:
         actions.append("leave the detached mode of fence epoch %s" % mode.get("epoch"))
+        if keep_seeds:
+            seeds = router_mode.kept_seeds(mode)
+            if seeds is None:
+                raise FleetError(
+                    "keep_seeds: the deep rollback of fence epoch %s kept no seeds on this "
+                    "node; restore without keep_seeds (new seeds are drawn)" % mode.get("epoch"),
+                    {"field": "keep_seeds"},
+                )
+            actions.append("use the seeds kept by the deep rollback")
     if not check_mode:
         if ensure_pin_dirs(layout):
             actions.append("create %s" % layout.pin_dir)
@@ -185,7 +202,7 @@ def attach(
         if program_state(layout) is None:
             actions.append("load program")
             if not check_mode:
-                _load_fresh(layout, object_path, runner)
+                _load_fresh(layout, object_path, runner, seeds)
         else:
             if missing_pins(layout):
                 raise FleetError(
@@ -354,6 +371,16 @@ def remove(layout, check_mode=False):
     return {"changed": bool(actions), "actions": actions, "before": before, "after": after}
 
 
+def _current_seeds(layout):
+    """(seed_weight, seed_slot) of the pinned maps, or None (none pinned, or layout 1)."""
+    if not os.path.exists(layout.map(CONFIG_MAP)):
+        return None
+    try:
+        return read_layout_config(layout)[1:]
+    except FleetError:
+        return None  # a foreign layout's seeds are not worth keeping
+
+
 def deep_rollback(layout, epoch=None, reason=None, check_mode=False):
     """The deep rollback, one and the same from routectl detach and the router module.
 
@@ -370,7 +397,7 @@ def deep_rollback(layout, epoch=None, reason=None, check_mode=False):
         epoch,
         "deep rollback",
         check_mode,
-        record=router_mode.detached_record(layout.fence_file, reason),
+        record=router_mode.detached_record(layout.fence_file, reason, _current_seeds(layout)),
     )
     actions = []
     if epoch_after != epoch_before:

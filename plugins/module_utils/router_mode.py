@@ -54,9 +54,11 @@ def is_detached(fence_file):
     return read_mode(fence_file)["mode"] == DETACHED
 
 
-def detached_record(fence_file, reason=None):
+def detached_record(fence_file, reason=None, seeds=None):
     """For fence.raise_fence(record=...): the keys that keep the router detached.
 
+    seeds (seed_weight, seed_slot) are kept with the record, so that a restore asked to
+    keep them (keep_seeds) decides every tuple as before; a plain restore draws new ones.
     A repeat at the same epoch keeps the first record (its time and reason).
     """
     current = read_mode(fence_file)
@@ -64,16 +66,28 @@ def detached_record(fence_file, reason=None):
     def record(epoch):
         if current["mode"] == DETACHED and current.get("epoch") == epoch:
             return {}
-        return {
-            MODE_KEY: {
-                "mode": DETACHED,
-                "epoch": epoch,
-                "at": _now(),
-                "reason": reason or DEFAULT_DETACH_REASON,
-            }
+        detached = {
+            "mode": DETACHED,
+            "epoch": epoch,
+            "at": _now(),
+            "reason": reason or DEFAULT_DETACH_REASON,
         }
+        if seeds is not None:
+            detached["seeds"] = list(seeds)
+        return {MODE_KEY: detached}
 
     return record
+
+
+def kept_seeds(record):
+    """The seeds a deep rollback kept with its record, or None."""
+    seeds = record.get("seeds")
+    valid = (
+        isinstance(seeds, list)
+        and len(seeds) == 2
+        and all(isinstance(seed, int) and 0 <= seed < 1 << 64 for seed in seeds)
+    )
+    return tuple(seeds) if valid else None
 
 
 def record_active(fence_file, reason="restore", check_mode=False):

@@ -89,6 +89,14 @@ options:
       - On a node that is not detached it changes nothing.
     type: bool
     default: false
+  keep_seeds:
+    description:
+      - With O(restore=true), make the router's maps again with the hash seeds the deep
+        rollback kept, so every connection's 4-tuple takes the path it took before. Without it
+        the restored router draws new seeds (a client that learned the old ones learns
+        nothing).
+    type: bool
+    default: false
   move_netns:
     description:
       - With O(state=attached), allow moving the router's link from the network namespace it is
@@ -211,6 +219,7 @@ def main():
             reason=dict(type="str", default="deep rollback"),
             restore=dict(type="bool", default=False),
             move_netns=dict(type="bool", default=False),
+            keep_seeds=dict(type="bool", default=False),
             **layout_options(),
         ),
         required_if=[("state", "attached", ["object"])],
@@ -232,6 +241,7 @@ def main():
                 runner,
                 restore=params["restore"],
                 move_netns=params["move_netns"],
+                keep_seeds=params["keep_seeds"],
             )
             if result["kept_detached"]:
                 module.warn(kept_detached_message(result["kept_detached"], layout.fence_file))

@@ -356,3 +356,30 @@ def test_a_socket_the_kernel_refuses_is_an_assign_error(loaded):
     counters = read_counters(loaded, 0)
     assert counters["assign_errors"] == 1
     assert counters["to_engine"] == 0
+
+
+def test_the_copied_fd_must_be_the_socket_the_scan_found(loaded, listeners):
+    """A reused fd number or pid could hand over another listener: the copy is checked."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+        check_engine_socket,
+        describe_socket,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+        SELF_NETNS,
+        netns_inode,
+    )
+
+    scanned, other = listeners(), listeners()
+    here = netns_inode(SELF_NETNS)
+    found_inode = os.fstat(scanned.fileno()).st_ino
+    found_port = scanned.getsockname()[1]
+    # The fd now holds another listener (the engine closed fd N and opened a new one).
+    info = describe_socket(other.fileno())
+    with pytest.raises(FleetError, match="not the listener %d the scan found" % found_inode):
+        check_engine_socket(info, "inet", here, inode=found_inode, port=found_port)
+    with pytest.raises(FleetError, match="bound to port %d, not %d" % (info["port"], found_port)):
+        check_engine_socket(info, "inet", here, inode=info["inode"], port=found_port)
+    check_engine_socket(describe_socket(scanned.fileno()), "inet", here, found_inode, found_port)
+    with open(__file__) as not_a_socket, pytest.raises(FleetError, match="is not a socket"):
+        describe_socket(not_a_socket.fileno())

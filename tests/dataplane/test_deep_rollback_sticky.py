@@ -5,7 +5,6 @@ zerolayer-routectl in-process through node_cli.run and, for the boot path, as it
 process the way zerolayer-router.service runs it.
 """
 
-import io
 import json
 import os
 import subprocess
@@ -24,7 +23,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 
-from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, run
+from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, routectl, run
+from .decision_model import Seeds
 from .test_modules import ansible
 
 BOOT_ROUTECTL = (
@@ -32,17 +32,6 @@ BOOT_ROUTECTL = (
     "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
     "sys.exit(main())" % COLLECTIONS_PATH
 )
-
-
-def routectl(layout, *argv, config=None):
-    """The CLI in-process; (exit status, the one JSON line it printed)."""
-    out, err = io.StringIO(), io.StringIO()
-    prefix = ["--config", config or "/nonexistent/router.json", "--pin-dir", layout.pin_dir,
-              "--fence-file", layout.fence_file]  # fmt: skip
-    status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
-    text = out.getvalue() or err.getvalue()
-    assert text.count("\n") == 1, "one JSON line, got %r" % text
-    return status, json.loads(text)
 
 
 def boot_attach(config):
@@ -305,3 +294,19 @@ def test_attach_to_another_netns_is_refused_unless_asked(
     assert router_lifecycle.link_state(layout)["netns_ino"] == away
     back = ansible("router", object=router_object, netns=netns.path, move_netns=True, **pin)
     assert back["changed"] and back["router"]["link"]["netns_ino"] == home, back
+
+
+def test_a_restore_draws_new_seeds_unless_asked_to_keep_them(
+    layout, netns, router_object, tmp_path
+):
+    config = bare_config(tmp_path, layout, router_object, netns.path)
+    assert routectl(layout, "attach", config=config)[0] == 0
+    first = Seeds.of(layout)
+    assert routectl(layout, "detach", "--reason", "seed test")[0] == 0
+    status, restored = routectl(layout, "attach", "--restore", "--keep-seeds", config=config)
+    assert status == 0, restored
+    assert Seeds.of(layout) == first, "keep_seeds: every tuple must take its old path"
+
+    assert routectl(layout, "detach")[0] == 0
+    assert routectl(layout, "attach", "--restore", config=config)[0] == 0
+    assert Seeds.of(layout) != first, "a plain restore draws new seeds"

@@ -106,9 +106,7 @@ def test_a_raise_and_a_writers_record_never_lose_each_other(path):
     import multiprocessing
 
     fence.raise_fence(path, 1)
-    workers = [
-        multiprocessing.Process(target=_raise_many, args=(path, 25)) for _worker in range(4)
-    ]
+    workers = [multiprocessing.Process(target=_raise_many, args=(path, 25)) for _worker in range(4)]
     for worker in workers:
         worker.start()
     for worker in workers:
