@@ -251,7 +251,10 @@ def register_engine_socket(
     try:
         info = describe_socket(engine_fd)
         check_engine_socket(info, family, want_netns, inode=inode, port=listen_port)
-        with writer_lock(layout):
+        with writer_lock(layout, "registering slot %d of route %r" % (slot, route)):
+            # Again under the lock: the route may have been removed (and its index given to
+            # another route) since it was read above.
+            entry = require_route(layout, route)
             slots = read_slots(layout, entry.route_index)
             before = slots.get(slot)
             changed = before != info["cookie"]
@@ -296,8 +299,9 @@ def register_engine_socket(
 def unregister_engine_socket(layout, route, slot=0, check_mode=False):
     """Empty slot of route; new connections then use the route's other slots or the proxy."""
     slot = validate_slot(slot)
-    entry = require_route(layout, route)
-    with writer_lock(layout):
+    require_route(layout, route)
+    with writer_lock(layout, "emptying slot %d of route %r" % (slot, route)):
+        entry = require_route(layout, route)  # under the lock: the index is the route's now
         slots = read_slots(layout, entry.route_index)
         before = slots.get(slot)
         if before is not None and not check_mode:

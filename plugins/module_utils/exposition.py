@@ -39,6 +39,7 @@ DEFAULT_PORT = 9464
 # Loopback unless told otherwise: the role passes the node's address that Prometheus scrapes.
 DEFAULT_ADDRESS = "127.0.0.1"
 DEFAULT_ROLLOUT_RECORD = "/var/lib/zerolayer/rollout.json"
+DEFAULT_WATCHER_STATUS = "/run/zerolayer/fence-watcher.json"
 EXPORTED_BUCKETS = 32  # le up to 2^32 ns (4.3 s); slower decisions land in +Inf only
 NS_PER_SECOND = 1e9
 
@@ -73,6 +74,18 @@ _HELP = {
     "zerolayer_route_decision_duration_seconds": "Decision time of a sample of the "
     "decisions (one in %d, by 4-tuple), from the program's log2 histogram (bucket bounds 2^k ns; "
     "_sum estimated from bucket midpoints)" % LATENCY_SAMPLE_EVERY,
+    "zerolayer_node_fence_epoch": "The highest fence epoch this node has seen (its fence file): "
+    "a weight raise with an older epoch is refused",
+    "zerolayer_router_kept_detached": "1 while a deep rollback keeps the router detached "
+    "(until a restore)",
+    "zerolayer_fence_watcher_store_connected": "1 while the node's fence watcher reaches the "
+    "rollout store",
+    "zerolayer_fence_watcher_store_epoch": "The fence epoch the watcher last read in the store",
+    "zerolayer_fence_watcher_last_ack_epoch": "The fence epoch this node last acknowledged in "
+    "the store",
+    "zerolayer_fence_watcher_last_ack_timestamp_seconds": "Unix time of that acknowledgement",
+    "zerolayer_fence_watcher_status_timestamp_seconds": "Unix time the watcher last wrote its "
+    "status (at least every 10 s while it runs)",
     "zerolayer_rollout_record_ok": "0 when the node's rollout record exists but cannot be read "
     "or understood (no other rollout series then)",
     "zerolayer_rollout_info": "The rollout in the node's record and its outcome",
@@ -127,7 +140,33 @@ def _program_and_link(layout, run_time_stats):
     return program, attached
 
 
-def collect(layout, run_time_stats=False):
+def collect_fence(layout, watcher_status=None):
+    """The node's fence epoch and router mode, and the fence watcher's status (or None).
+
+    A fence file or status file that cannot be read leaves its series out (and says why
+    on stderr) rather than failing the whole scrape: the route series still matter then.
+    """
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
+        read_status,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import is_detached
+
+    fence = {"epoch": None, "kept_detached": None, "watcher": None}
+    try:
+        fence["epoch"] = read_fence(layout.fence_file)["epoch"]
+        fence["kept_detached"] = is_detached(layout.fence_file)
+    except FleetError as exc:
+        sys.stderr.write("fence not exported: %s\n" % exc.message)
+    try:
+        fence["watcher"] = read_status(watcher_status) if watcher_status else None
+    except FleetError as exc:
+        sys.stderr.write("fence watcher status not exported: %s\n" % exc.message)
+    return fence
+
+
+def collect(layout, run_time_stats=False, watcher_status=None):
     """One read of the router: {attached, program, routes, latency_buckets}.
 
     Nothing pinned, or only the maps pinned (detached router): attached is 0 and
@@ -147,6 +186,8 @@ def collect(layout, run_time_stats=False):
     from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
 
     snapshot = {"attached": False, "program": None, "routes": [], "latency_buckets": None}
+    # The fence lives outside bpffs: it is there (and matters most) when the pins are not.
+    snapshot["fence"] = collect_fence(layout, watcher_status)
     if not os.path.isdir(layout.pin_dir):
         return snapshot
     snapshot["program"], snapshot["attached"] = _program_and_link(layout, run_time_stats)
@@ -415,10 +456,33 @@ def render(snapshot):
             "histogram",
             histogram_samples("zerolayer_route_decision_duration_seconds", buckets),
         )
+    fence = snapshot.get("fence")
+    if fence is not None:
+        render_fence(lines, fence)
     rollout = snapshot.get("rollout")
     if rollout is not None:
         render_rollout(lines, rollout)
     return "\n".join(lines) + "\n"
+
+
+def render_fence(lines, fence):
+    if fence["epoch"] is not None:
+        _gauge(lines, "zerolayer_node_fence_epoch", [], fence["epoch"])
+        _gauge(lines, "zerolayer_router_kept_detached", [], 1 if fence["kept_detached"] else 0)
+    watcher = fence.get("watcher")
+    if not watcher:
+        return  # no watcher on this node: its series are absent, not zero
+    _gauge(
+        lines, "zerolayer_fence_watcher_store_connected", [], 1 if watcher.get("connected") else 0
+    )
+    for name, key in (
+        ("zerolayer_fence_watcher_store_epoch", "store_epoch"),
+        ("zerolayer_fence_watcher_last_ack_epoch", "last_ack_epoch"),
+        ("zerolayer_fence_watcher_last_ack_timestamp_seconds", "last_ack_at_unix"),
+        ("zerolayer_fence_watcher_status_timestamp_seconds", "updated_at_unix"),
+    ):
+        if isinstance(watcher.get(key), (int, float)) and not isinstance(watcher[key], bool):
+            _gauge(lines, name, [], watcher[key])
 
 
 def _gauge(lines, name, labels, value):
@@ -556,6 +620,7 @@ def serve(
     port=DEFAULT_PORT,
     run_time_stats=False,
     rollout_record=DEFAULT_ROLLOUT_RECORD,
+    watcher_status=DEFAULT_WATCHER_STATUS,
 ):
     """Serve /metrics until interrupted.
 
@@ -574,8 +639,11 @@ def serve(
     stats = RunTimeStats().__enter__() if run_time_stats else None
     try:
         reader = RolloutRecordReader(rollout_record) if rollout_record else None
-        collect_snapshot = functools.partial(collect, run_time_stats=run_time_stats)
-        server = metrics_server(address, port, make_handler(layout, collect_snapshot, reader))
+        collect_snapshot = functools.partial(
+            collect, run_time_stats=run_time_stats, watcher_status=watcher_status
+        )
+        handler = make_handler(layout, collect_snapshot, reader)
+        server = metrics_server(address, port, handler)
         try:
             server.serve_forever()
         finally:
@@ -615,6 +683,17 @@ def exporter_main(argv=None):
         "an empty value leaves the rollout series out (default %(default)s)",
     )
     parser.add_argument(
+        "--fence-watcher-status",
+        default=DEFAULT_WATCHER_STATUS,
+        help="the node's fence watcher status file, read on every scrape; absent: no "
+        "watcher series (default %(default)s)",
+    )
+    parser.add_argument(
+        "--fence-file",
+        default=None,
+        help="the node's fence file (default: the router's, /var/lib/zerolayer/fence.json)",
+    )
+    parser.add_argument(
         "--run-time-stats",
         action="store_true",
         help="hold BPF_ENABLE_STATS and export zerolayer_router_run_seconds_total and "
@@ -626,11 +705,12 @@ def exporter_main(argv=None):
         parser.error("--port must be a TCP port number from 1 to 65535; got %d" % args.port)
     try:
         serve(
-            PinLayout(args.pin_dir),
+            PinLayout(args.pin_dir, fence_file=args.fence_file),
             args.listen_address,
             args.port,
             args.run_time_stats,
             args.rollout_record,
+            args.fence_watcher_status or None,
         )
     except MODULE_FAILURES as exc:
         sys.stderr.write("zerolayer-route-exporter: %s\n" % as_fleet_error(exc).message)

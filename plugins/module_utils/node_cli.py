@@ -22,6 +22,8 @@ DEFAULT_CONFIG = "/etc/zerolayer/router.json"
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
 DEFAULT_OBJECT = "/usr/local/lib/zerolayer/zerolayer_router.bpf.o"
 DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
+DEFAULT_STORE_CONFIG = "/etc/zerolayer/store.json"
+DEFAULT_WATCH_STATUS = "/run/zerolayer/fence-watcher.json"
 WRITER_EPOCH_HELP = (
     "the writer's fence epoch from the rollout store; a raise of traffic with an epoch older "
     "than the node's fence is refused (default: none, i.e. 0)"
@@ -178,6 +180,28 @@ def build_parser():
         "--move-netns",
         action="store_true",
         help="allow moving the router's link out of the netns it is attached to",
+    )
+    watch = add(
+        "watch",
+        "keep a watch on the fleet's fence in the rollout store and roll this node back the "
+        "moment it rises (runs until stopped; the zerolayer-fence-watcher unit)",
+    )
+    watch.add_argument(
+        "--store-config",
+        default=DEFAULT_STORE_CONFIG,
+        help="the node's store client settings (default %s, written by the rollout_store "
+        "role's node_client)" % DEFAULT_STORE_CONFIG,
+    )
+    watch.add_argument(
+        "--status-file",
+        default=DEFAULT_WATCH_STATUS,
+        help="where the watcher says how it is (the route exporter reads it; default %s)"
+        % DEFAULT_WATCH_STATUS,
+    )
+    watch.add_argument(
+        "--once",
+        action="store_true",
+        help="read the fence, act on it and acknowledge, then exit (no watch)",
     )
     return parser
 
@@ -452,6 +476,66 @@ def cmd_attach(args, config):
     }
 
 
+def _store_from_config(path):
+    """The rollout store as the node's store.json describes it (keys as node_client writes)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+        DEFAULT_PREFIX,
+        RolloutStore,
+        read_password,
+    )
+
+    settings = load_config(path, required=True)
+    if not settings.get("endpoints"):
+        raise UsageError("store config %s names no endpoints" % path, "store_config")
+    password = read_password(settings["password_file"]) if settings.get("password_file") else None
+    client = EtcdClient(
+        settings["endpoints"],
+        settings.get("ca"),
+        settings.get("cert"),
+        settings.get("key"),
+        settings.get("timeout"),
+        user=settings.get("user"),
+        password=password,
+    )
+    return RolloutStore(client, settings.get("prefix") or DEFAULT_PREFIX), settings.get("node")
+
+
+def cmd_watch(args, config):
+    """The fence watcher (fence_watcher.py); its last status is the one JSON line."""
+    import signal
+
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import Watcher
+
+    store, node = _store_from_config(args.store_config)
+
+    def log(message):
+        _emit(sys.stderr, {"watcher": message, "at_unix": round(time.time(), 3)})
+
+    watcher = Watcher(store, _layout(args, config), node, args.status_file, log)
+    if args.once:
+        watcher.catch_up()
+        return watcher.status
+    stopping = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+        raise _Stopped()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        watcher.run(stop=lambda: bool(stopping))
+    except _Stopped:
+        pass
+    watcher.status["stopped_by_signal"] = stopping[0] if stopping else None
+    return watcher.status
+
+
+class _Stopped(BaseException):
+    """Raised from the signal handler: ends a watch blocked on the store's answer at once."""
+
+
 _HANDLERS = {
     "set-weight": cmd_set_weight,
     "rollback": cmd_rollback,
@@ -459,6 +543,7 @@ _HANDLERS = {
     "show": cmd_show,
     "detach": cmd_detach,
     "attach": cmd_attach,
+    "watch": cmd_watch,
 }
 
 

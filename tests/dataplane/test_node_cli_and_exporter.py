@@ -64,7 +64,9 @@ def exporter(layout):
     started = []
 
     def start(*options, pin_dir=None, wrapper=()):
-        argv = exporter_argv(port, pin_dir or layout.pin_dir, *options, wrapper=wrapper)
+        # The test's own fence file, and no watcher status: nothing of the machine's is read.
+        fence = ("--fence-file", layout.fence_file, "--fence-watcher-status", "")
+        argv = exporter_argv(port, pin_dir or layout.pin_dir, *fence, *options, wrapper=wrapper)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started.append(proc)
         deadline = time.monotonic() + 20

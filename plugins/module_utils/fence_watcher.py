@@ -1,0 +1,292 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The node's fence watcher: one store write rolls the whole fleet back.
+
+`zerolayer-routectl watch` keeps a watch on the fleet's fence key in the rollout store.
+When the store's epoch rises above the node's own, the watcher acts on the node at once:
+fast or abort, weight 0 on every route (blind 4-byte writes, routes.zero_weights); deep,
+the deep rollback (router detached and kept so across reboots). It raises the node's
+fence to that epoch first, the same epoch every weight write is checked against, reads
+the result back and writes its acknowledgement to acks/<node> in the store. On every
+(re)connection it reads the fence before it watches, so a watcher that was down, a store
+that restarted or a node that rebooted catches up.
+
+A store that cannot be reached changes nothing on the node: an outage of the store must
+never become a rollback of the fleet. The watcher keeps trying, and says so in its status
+file, which the route exporter turns into metrics (and an alert).
+
+The decisions (what a fence record asks of this node) are plain functions, tested one by
+one; run() is the loop around them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+
+DEFAULT_STATUS_FILE = "/run/zerolayer/fence-watcher.json"
+# The store's fence actions (rollout_store.FENCE_ACTIONS) and what each one does here.
+NODE_ACTIONS = {"fast": "fast", "abort": "fast", "deep": "deep"}
+# A watch that saw nothing for this long is re-opened after a read of the fence: that read
+# is also how the watcher notices a store that went away without closing the connection.
+IDLE_RECHECK_S = 10.0
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 5.0
+
+
+class FenceRefused(FleetError):
+    """A fence record the watcher will not act on (no epoch, an unknown action)."""
+
+
+def plan(fence, node_epoch, last_ack_epoch):
+    """What this node does with the store's fence record.
+
+    Returns (step, epoch, action): step "apply" (the store's epoch is above the node's:
+    act, then acknowledge), "ack" (the node is there already, by a push or an earlier
+    run, and has not acknowledged this epoch), or "none". A record with no whole epoch or
+    an unknown action raises FenceRefused; so does an epoch below one this node already
+    acknowledged (a store that went back in time must not be trusted either way).
+    """
+    epoch = fence.get("epoch") if isinstance(fence, dict) else None
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise FenceRefused(
+            "the store's fence record has no whole epoch >= 0: %r; nothing was changed" % (fence,),
+            {"field": "epoch", "value": repr(epoch)},
+        )
+    if epoch == 0:
+        return "none", 0, None  # no rollback ever
+    action = fence.get("action")
+    if action not in NODE_ACTIONS:
+        raise FenceRefused(
+            "the store's fence epoch %d has action %r; the watcher knows %s. Nothing was "
+            "changed on this node" % (epoch, action, ", ".join(sorted(NODE_ACTIONS))),
+            {"field": "action", "value": repr(action)},
+        )
+    if epoch < last_ack_epoch:
+        raise FenceRefused(
+            "the store's fence epoch %d is below epoch %d this node already acknowledged; "
+            "nothing was changed (was the store restored from an old backup?)"
+            % (epoch, last_ack_epoch),
+            {"field": "epoch", "value": epoch, "acknowledged": last_ack_epoch},
+        )
+    if epoch > node_epoch:
+        return "apply", epoch, NODE_ACTIONS[action]
+    if epoch > last_ack_epoch:
+        return "ack", epoch, NODE_ACTIONS[action]
+    return "none", epoch, NODE_ACTIONS[action]
+
+
+def apply(layout, epoch, action, reason):
+    """Act on the node: the fence first, then the rollback. Returns what was done."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+        deep_rollback,
+    )
+
+    if action == "deep":
+        result = deep_rollback(layout, epoch, reason)
+        return {"actions": result["actions"]}
+    routes.fence_routes(layout, epoch, "fast rollback (fence watcher)")
+    if not routes.zero_weights(layout):
+        # Pins of layout 1 (the router not upgraded yet): the weights are in the entries.
+        for route in routes.read_routes(layout):
+            routes.set_route(layout, route.name, weight=0)
+    return {"actions": ["weight 0 on every route"]}
+
+
+def read_back(layout):
+    """What the node is now: its fence epoch, whether the router runs, each route's weight."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode, routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+        router_state,
+    )
+
+    state = router_state(layout)
+    weights = {}
+    if os.path.isdir(layout.pin_dir) and not missing_pins(layout):
+        weights = {route.name: route.weight_bp for route in routes.read_routes(layout)}
+    return {
+        "node_epoch": read_fence(layout.fence_file)["epoch"],
+        "attached": state["attached"],
+        "mode": router_mode.read_mode(layout.fence_file)["mode"],
+        "weights_bp": weights,
+    }
+
+
+def confirmed(action, seen):
+    """Whether what the node reads back is the state the fence asks for."""
+    if action == "deep":
+        return not seen["attached"] and seen["mode"] == "detached"
+    return all(weight == 0 for weight in seen["weights_bp"].values())
+
+
+def acknowledgement(node, epoch, action, step, seen, started):
+    return {
+        "node": node,
+        "epoch": epoch,
+        "action": action,
+        "applied": step == "apply",
+        "confirmed": confirmed(action, seen),
+        "read_back": seen,
+        "by": "watcher",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "at_unix": round(time.time(), 6),
+        # The node's own clock: the controller counts by what it sees arrive, not by this.
+        "took_ms": round((time.monotonic() - started) * 1000.0, 3),
+    }
+
+
+class Watcher:
+    """One node's watcher: the store, the router's pins, and what it last did."""
+
+    def __init__(self, store, layout, node=None, status_file=DEFAULT_STATUS_FILE, log=None):
+        self.store = store
+        self.layout = layout
+        self.node = node or socket.gethostname()
+        self.status_file = status_file
+        self.log = log or (lambda message: None)
+        self.status = {
+            "node": self.node,
+            "connected": False,
+            "store_epoch": None,
+            "node_epoch": read_fence(layout.fence_file)["epoch"],
+            "last_ack_epoch": 0,
+            "last_ack_at_unix": None,
+            "last_refusal": None,
+            "last_error": None,
+        }
+
+    def last_ack_epoch(self):
+        """The epoch this node last acknowledged, as the store holds it (0: none)."""
+        kv = self.store.client.get(self.store.key("acks", self.node))
+        if kv is None:
+            return 0
+        ack = kv.json()
+        epoch = ack.get("epoch") if isinstance(ack, dict) else None
+        return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+
+    def handle(self, fence):
+        """Act on one fence record; returns the acknowledgement written, or None."""
+        started = time.monotonic()
+        node_epoch = read_fence(self.layout.fence_file)["epoch"]
+        self.status["store_epoch"] = fence.get("epoch") if isinstance(fence, dict) else None
+        try:
+            step, epoch, action = plan(fence, node_epoch, self.status["last_ack_epoch"])
+        except FenceRefused as exc:
+            self.status["last_refusal"] = exc.message
+            self.log(exc.message)
+            self.write_status()
+            return None
+        if step == "none":
+            self.status["node_epoch"] = node_epoch
+            self.write_status()
+            return None
+        if step == "apply":
+            apply(self.layout, epoch, action, "fence epoch %d: %s" % (epoch, fence.get("reason")))
+        seen = read_back(self.layout)
+        ack = acknowledgement(self.node, epoch, action, step, seen, started)
+        self.store.client.put(self.store.key("acks", self.node), ack)
+        self.status.update(
+            node_epoch=seen["node_epoch"], last_ack_epoch=epoch, last_ack_at_unix=ack["at_unix"]
+        )
+        self.log("fence epoch %d (%s): %s, acknowledged" % (epoch, action, step))
+        self.write_status()
+        return ack
+
+    def catch_up(self):
+        """Read the fence (and this node's last acknowledgement) and act on it.
+
+        Returns the fence key's revision, from which the watch goes on.
+        """
+        self.status["last_ack_epoch"] = max(self.status["last_ack_epoch"], self.last_ack_epoch())
+        kv = self.store.client.get(self.store.key("fence"))
+        self.status["connected"] = True
+        self.status["last_error"] = None
+        if kv is None:
+            self.handle({"epoch": 0})
+            return 0
+        self.handle(kv.json())
+        return kv.mod_revision
+
+    def run(self, stop=lambda: False, idle_recheck_s=IDLE_RECHECK_S, sleep=time.sleep):
+        """Watch until stop() is true: catch up, watch, and after any break start over."""
+        retry = RETRY_FIRST_S
+        while not stop():
+            try:
+                revision = self.catch_up()
+                retry = RETRY_FIRST_S
+                for events in self.store.client.watch(
+                    self.store.key("fence"), revision + 1, timeout=idle_recheck_s
+                ):
+                    for kv in events:
+                        if kv.value:  # a deleted fence key (value empty) asks nothing
+                            self.handle(kv.json())
+                    if stop():
+                        return
+            except StoreUnavailable as exc:
+                # Also the end of an idle watch: the next catch_up() tells an idle store
+                # from a gone one.
+                if self._store_answers():
+                    self.status.update(connected=True, last_error=None)
+                    self.write_status()  # the exporter tells a live watcher by this
+                    continue
+                self.status.update(connected=False, last_error=exc.message)
+                self.write_status()
+                self.log("store unreachable, the node is kept as it is: %s" % exc.message)
+                sleep(retry)
+                retry = min(retry * 2, RETRY_MAX_S)
+            except FleetError as exc:
+                # The store answered with an error (permissions, a record that is no JSON):
+                # nothing is done on the node; said, and tried again later.
+                self.status.update(last_error=exc.message)
+                self.write_status()
+                self.log(exc.message)
+                sleep(retry)
+                retry = min(retry * 2, RETRY_MAX_S)
+
+    def _store_answers(self):
+        try:
+            self.store.client.get(self.store.key("fence"))
+        except FleetError:
+            return False
+        return True
+
+    def write_status(self):
+        """The status file the exporter reads (replaced atomically)."""
+        if not self.status_file:
+            return
+        self.status["updated_at_unix"] = round(time.time(), 3)
+        directory = os.path.dirname(self.status_file) or "."
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        handle, temp = tempfile.mkstemp(prefix=".fence-watcher-", dir=directory)
+        try:
+            with os.fdopen(handle, "w") as out:
+                json.dump(self.status, out, sort_keys=True)
+            os.chmod(temp, 0o644)
+            os.replace(temp, self.status_file)
+        except BaseException:
+            if os.path.exists(temp):
+                os.unlink(temp)
+            raise
+
+
+def read_status(path):
+    """The watcher's status file, or None when there is none (no watcher on this node)."""
+    try:
+        with open(path) as handle:
+            status = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FleetError(
+            "fence watcher status %s cannot be read: %s" % (path, exc), {"path": path}
+        ) from None
+    return status if isinstance(status, dict) else None

@@ -1,0 +1,289 @@
+"""The node's fence watcher against a real etcd and a real router: one store write, every
+node rolled back and acknowledged; outages and bad records change nothing."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle, router_mode
+from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    register_engine_socket,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from store.etcd_member import EtcdMember
+
+from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes
+
+ROUTECTL = (
+    "import sys; sys.path.insert(0, %r); "
+    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+    "sys.exit(main())" % COLLECTIONS_PATH
+)
+NODE = "zlt-node-1"
+
+
+@pytest.fixture
+def etcd():
+    """A member of this test's own: some tests stop and start it."""
+    member = EtcdMember()
+    try:
+        member.start()
+        yield member
+    finally:
+        member.remove()
+
+
+@pytest.fixture
+def store(etcd):
+    return RolloutStore(EtcdClient(etcd.url, timeout=3), "/zlt-watch/")
+
+
+@pytest.fixture
+def routed(layout, netns, proxy, engine, router_object):
+    router_lifecycle.attach(layout, router_object, netns.path)
+    set_route(layout, "chat", SERVICE_PORT, 100)
+    register_engine_socket(layout, "chat", engine.pid, ENGINE_PORT, timeout=10)
+    return layout
+
+
+class WatcherProcess:
+    """`zerolayer-routectl watch`, as the zerolayer-fence-watcher unit runs it."""
+
+    def __init__(self, layout, etcd, tmp_path):
+        self.layout = layout
+        self.store_config = str(tmp_path / "store.json")
+        with open(self.store_config, "w") as handle:
+            json.dump({"endpoints": [etcd.url], "node": NODE, "prefix": "/zlt-watch/"}, handle)
+        self.status_file = str(tmp_path / "fence-watcher.json")
+        self.proc = None
+
+    def argv(self, *extra):
+        return [
+            sys.executable, "-c", ROUTECTL,
+            "--config", "/nonexistent/router.json",
+            "--pin-dir", self.layout.pin_dir,
+            "--fence-file", self.layout.fence_file,
+            "watch", "--store-config", self.store_config, "--status-file", self.status_file,
+            *extra,
+        ]  # fmt: skip
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            self.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_until(lambda: (self.status() or {}).get("connected"), "the watcher to connect")
+        return self
+
+    def stop(self):
+        """SIGTERM, as systemd stops it: one JSON line (its last status), exit 0."""
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=30)
+        self.proc = None
+        assert out.count("\n") == 1, (out, err)
+        return json.loads(out)
+
+    def kill(self):
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def status(self):
+        try:
+            with open(self.status_file) as handle:
+                return json.load(handle)
+        except (FileNotFoundError, ValueError):
+            return None
+
+
+@pytest.fixture
+def watcher(routed, etcd, tmp_path):
+    process = WatcherProcess(routed, etcd, tmp_path)
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def wait_until(check, what, seconds=20):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "waited %d s for %s" % (seconds, what)
+        time.sleep(0.01)
+
+
+def ack_of(store, node=NODE):
+    kv = store.client.get(store.key("acks", node))
+    return kv.json() if kv else None
+
+
+def acknowledged(store, epoch):
+    """The node's acknowledgement of epoch, once it is in the store."""
+
+    def check():
+        ack = ack_of(store)
+        return ack if ack and ack["epoch"] == epoch else None
+
+    return wait_until(check, "the acknowledgement of epoch %d" % epoch)
+
+
+def weights(layout):
+    return {route.name: route.weight_bp for route in read_routes(layout)}
+
+
+def test_a_fast_rollback_in_the_store_reaches_the_node_under_load(watcher, store, routed, netns):
+    watcher.start()
+    stop_clients = netns.background_clients()
+    time.sleep(0.5)
+    raised = store.raise_fence("fast", "p99 too high", "test")
+    written = time.monotonic()
+    ack = acknowledged(store, raised["epoch"])
+    seen = time.monotonic() - written
+    time.sleep(0.5)
+    report = stop_clients()
+    print("store write to acknowledgement seen: %.1f ms; node took %.1f ms" % (
+        seen * 1000, ack["took_ms"]))  # fmt: skip
+    assert ack["applied"] and ack["confirmed"] and ack["by"] == "watcher", ack
+    assert ack["read_back"]["weights_bp"] == {"chat": 0}
+    assert weights(routed) == {"chat": 0}
+    assert read_fence(routed.fence_file)["epoch"] == raised["epoch"]
+    assert report["errors"] == 0, report["error_samples"]
+    assert report["served"].get("engine", 0) > 0 and report["served"].get("proxy", 0) > 0
+    # The node now refuses any raise with an older epoch: the watcher's fence is the node's.
+    with pytest.raises(Exception, match="older than this node's fence epoch"):
+        set_route(routed, "chat", weight=50, epoch=raised["epoch"] - 1)
+    status = watcher.stop()
+    assert status["last_ack_epoch"] == raised["epoch"] and status["connected"] is True
+
+
+def test_a_deep_rollback_detaches_and_keeps_the_router_detached(watcher, store, routed, netns):
+    watcher.start()
+    raised = store.raise_fence("deep", "kernel trouble", "test")
+    ack = acknowledged(store, raised["epoch"])
+    assert ack["confirmed"] and ack["action"] == "deep", ack
+    assert not router_lifecycle.router_state(routed)["attached"]
+    assert router_mode.is_detached(routed.fence_file)
+    assert netns.clients(count=30)["served"] == {"proxy": 30}
+
+
+def test_a_stopped_watcher_catches_up_when_it_starts(watcher, store, routed):
+    raised = store.raise_fence("abort", "operator abort", "test")
+    time.sleep(0.5)
+    assert weights(routed) == {"chat": 10000}, "no watcher ran: nothing may have changed"
+    watcher.start()
+    ack = wait_until(lambda: ack_of(store), "the acknowledgement")
+    assert ack["epoch"] == raised["epoch"] and ack["applied"] and ack["confirmed"], ack
+    assert weights(routed) == {"chat": 0}
+
+
+def test_an_outage_of_the_store_changes_nothing_and_the_watcher_catches_up(
+    watcher, store, routed, etcd
+):
+    watcher.start()
+    before = maps_bytes(routed)
+    etcd.stop()
+    wait_until(lambda: (watcher.status() or {}).get("connected") is False, "the outage")
+    time.sleep(1)
+    assert maps_bytes(routed) == before, "a store outage must not roll the node back"
+    assert read_fence(routed.fence_file)["epoch"] == 0
+    etcd.start()
+    wait_until(lambda: (watcher.status() or {}).get("connected"), "the reconnection", 30)
+    raised = store.raise_fence("fast", "after the outage", "test")
+    ack = acknowledged(store, raised["epoch"])
+    assert ack["confirmed"] and weights(routed) == {"chat": 0}
+
+
+def test_records_the_watcher_refuses_change_nothing(watcher, store, routed):
+    watcher.start()
+    before = maps_bytes(routed)
+    store.client.put(store.key("fence"), {"epoch": 4, "action": "sideways"})
+    wait_until(lambda: (watcher.status() or {}).get("last_refusal"), "the refusal")
+    assert "action 'sideways'" in watcher.status()["last_refusal"]
+    assert maps_bytes(routed) == before and read_fence(routed.fence_file)["epoch"] == 0
+    assert ack_of(store) is None
+
+    store.client.put(store.key("fence"), {"epoch": 5, "action": "fast"})
+    acknowledged(store, 5)
+    # An epoch below the acknowledged one (a store restored from an old backup): refused.
+    store.client.put(store.key("fence"), {"epoch": 3, "action": "deep"})
+    wait_until(lambda: "below epoch 5" in (watcher.status() or {}).get("last_refusal", ""),
+               "the refusal of epoch 3")  # fmt: skip
+    assert router_lifecycle.router_state(routed)["attached"], "epoch 3 must not detach"
+    assert ack_of(store)["epoch"] == 5
+
+
+def test_a_new_rollout_after_the_rollback_is_not_zeroed_by_a_watcher_restart(
+    watcher, store, routed
+):
+    """Epoch unchanged, weights raised since by a rollout that took it: no second zero."""
+    watcher.start()
+    raised = store.raise_fence("fast", "first", "test")
+    wait_until(lambda: ack_of(store), "the acknowledgement")
+    watcher.stop()
+    set_route(routed, "chat", weight=5, epoch=raised["epoch"])  # the new rollout's 5 %
+    watcher.start()
+    time.sleep(1)
+    assert weights(routed) == {"chat": 500}
+    assert ack_of(store)["epoch"] == raised["epoch"]
+
+
+def test_once_acts_and_exits(store, routed, etcd, tmp_path):
+    process = WatcherProcess(routed, etcd, tmp_path)
+    raised = store.raise_fence("fast", "once", "test")
+    proc = subprocess.run(process.argv("--once"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout)
+    assert status["last_ack_epoch"] == raised["epoch"] and weights(routed) == {"chat": 0}
+
+
+def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
+
+    def metrics():
+        text = exposition.render({"fence": exposition.collect_fence(routed, watcher.status_file)})
+        return dict(
+            line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")
+        )
+
+    watcher.start()
+    before = metrics()
+    assert before["zerolayer_node_fence_epoch"] == "0"
+    assert before["zerolayer_fence_watcher_store_connected"] == "1"
+    assert before["zerolayer_router_kept_detached"] == "0"
+    raised = store.raise_fence("deep", "exporter test", "test")
+    acknowledged(store, raised["epoch"])
+    after = metrics()
+    assert after["zerolayer_node_fence_epoch"] == str(raised["epoch"])
+    assert after["zerolayer_fence_watcher_last_ack_epoch"] == str(raised["epoch"])
+    assert after["zerolayer_router_kept_detached"] == "1"
+    assert float(after["zerolayer_fence_watcher_last_ack_timestamp_seconds"]) > 0
+    watcher.kill()
+    # No watcher status file at all: the watcher's series are absent, the fence's stay.
+    os.unlink(watcher.status_file)
+    gone = metrics()
+    assert "zerolayer_fence_watcher_store_connected" not in gone
+    assert gone["zerolayer_node_fence_epoch"] == str(raised["epoch"])
+
+
+def test_an_unreadable_fence_file_leaves_only_its_series_out(routed):
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
+
+    with open(routed.fence_file, "w") as handle:
+        handle.write("not json")
+    snapshot = exposition.collect(routed)
+    text = exposition.render(snapshot)
+    assert "zerolayer_node_fence_epoch" not in text
+    assert 'zerolayer_route_weight_ratio{route="chat",port="8080"} 1' in text

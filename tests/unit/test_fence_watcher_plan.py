@@ -1,0 +1,70 @@
+"""Every decision of the fence watcher: what one fence record asks of one node."""
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
+    FenceRefused,
+    confirmed,
+    plan,
+)
+
+
+@pytest.mark.parametrize(
+    "fence, node_epoch, last_ack, expected",
+    [
+        # No rollback ever: nothing to do.
+        ({"epoch": 0}, 0, 0, ("none", 0, None)),
+        # The store is ahead of the node: act, for each action as the node knows it.
+        ({"epoch": 3, "action": "fast"}, 2, 2, ("apply", 3, "fast")),
+        ({"epoch": 3, "action": "abort"}, 2, 2, ("apply", 3, "fast")),
+        ({"epoch": 3, "action": "deep"}, 0, 0, ("apply", 3, "deep")),
+        # A push got there first (node at 3), the watcher has not acknowledged 3: ack only.
+        ({"epoch": 3, "action": "fast"}, 3, 2, ("ack", 3, "fast")),
+        # The node is ahead (its own epoch + 1 while the store was down): ack, no second act.
+        ({"epoch": 3, "action": "fast"}, 5, 0, ("ack", 3, "fast")),
+        # Acknowledged already (a repeat event, a restart of the watcher): nothing.
+        ({"epoch": 3, "action": "deep"}, 3, 3, ("none", 3, "deep")),
+        # A new rollout after the rollback raised weights at epoch 3: never zeroed again.
+        ({"epoch": 3, "action": "fast", "reason": "p99"}, 3, 3, ("none", 3, "fast")),
+    ],
+)
+def test_plan(fence, node_epoch, last_ack, expected):
+    assert plan(fence, node_epoch, last_ack) == expected
+
+
+@pytest.mark.parametrize(
+    "fence, field",
+    [
+        ({"action": "fast"}, "epoch"),
+        ({"epoch": "7", "action": "fast"}, "epoch"),
+        ({"epoch": True, "action": "fast"}, "epoch"),
+        ({"epoch": -1, "action": "fast"}, "epoch"),
+        ("not a record", "epoch"),
+        ({"epoch": 4, "action": "sideways"}, "action"),
+        ({"epoch": 4}, "action"),
+    ],
+)
+def test_records_the_watcher_refuses(fence, field):
+    with pytest.raises(FenceRefused) as refused:
+        plan(fence, 0, 0)
+    assert refused.value.details["field"] == field
+    assert "nothing was changed" in refused.value.message.lower()
+
+
+def test_an_epoch_below_an_acknowledged_one_is_refused():
+    with pytest.raises(FenceRefused, match="below epoch 5 this node already acknowledged"):
+        plan({"epoch": 4, "action": "fast"}, 5, 5)
+
+
+@pytest.mark.parametrize(
+    "action, seen, expected",
+    [
+        ("fast", {"weights_bp": {"chat": 0, "batch": 0}}, True),
+        ("fast", {"weights_bp": {"chat": 0, "batch": 100}}, False),
+        ("fast", {"weights_bp": {}}, True),
+        ("deep", {"attached": False, "mode": "detached"}, True),
+        ("deep", {"attached": True, "mode": "detached"}, False),
+        ("deep", {"attached": False, "mode": "active"}, False),
+    ],
+)
+def test_confirmed(action, seen, expected):
+    assert confirmed(action, seen) is expected
