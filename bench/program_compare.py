@@ -66,7 +66,7 @@ def set_up(stack, bpffs, workdir, name, object_path, engine, layout_1):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=decision_cost.TEST_RUN_REPEAT)
     args = parser.parse_args(argv)
@@ -90,8 +90,8 @@ def main(argv=None):
         rows = []
         for weight in (100, 0):
             runs = {name: [] for name in programs}
-            for layout, _ctx in programs.values():
-                set_route(layout, "svc", weight=weight)
+            for program in programs.values():
+                set_route(program[0], "svc", weight=weight)
             for _round in range(args.rounds):
                 for name, (layout, ctx) in programs.items():
                     runs[name].append(decision_cost.per_run_ns(layout.prog, ctx))

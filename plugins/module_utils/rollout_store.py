@@ -177,6 +177,59 @@ class RolloutStore:
             {"field": "fence"},
         )
 
+    # ------------------------------------------------------------ acknowledgements
+
+    def acknowledged(self, epoch, nodes):
+        """{node: ack} of the nodes whose watcher confirmed epoch (or a later one).
+
+        An ack counts once per node (its own key), only for a node asked about, and only
+        when it is for this epoch or later and says the node reads back the fence's state;
+        its own timestamps (a node's clock) are not used for anything.
+        """
+        wanted = set(nodes)
+        found = {}
+        for kv in self.client.get_prefix(self.key("acks") + "/"):
+            node = kv.key[len(self.key("acks") + "/") :]
+            if node not in wanted:
+                continue
+            try:
+                ack = kv.json()
+            except FleetError:
+                continue  # a garbled ack confirms nothing; the push reaches that node
+            ack_epoch = ack.get("epoch") if isinstance(ack, dict) else None
+            if (
+                isinstance(ack_epoch, int)
+                and not isinstance(ack_epoch, bool)
+                and ack_epoch >= epoch
+                and ack.get("confirmed") is True
+            ):
+                found[node] = ack
+        return found
+
+    def wait_for_acks(self, epoch, nodes, wait_s, poll_s=0.02, clock=time.monotonic, sleep=None):
+        """Count acknowledgements of epoch as they arrive, for at most wait_s seconds.
+
+        Returns (acked {node: ack with seen_after_s, the controller's own clock}, lagging
+        [nodes], waited_s). A store that stops answering ends the wait early: the lagging
+        nodes get the push.
+        """
+        sleep = sleep or time.sleep
+        started = clock()
+        acked = {}
+        while True:
+            try:
+                found = self.acknowledged(epoch, nodes)
+            except StoreUnavailable:
+                break
+            for node, ack in found.items():
+                if node not in acked:
+                    acked[node] = dict(ack, seen_after_s=round(clock() - started, 3))
+            if len(acked) == len(set(nodes)) or clock() - started >= wait_s:
+                break
+            sleep(poll_s)
+        lagging = [node for node in nodes if node not in acked]
+        return acked, lagging, round(clock() - started, 3)
+
     # ------------------------------------------------------------ one owner per scope
 
     def owner(self, scope):

@@ -12,7 +12,9 @@ description:
     or an abort raises it, in one compare-and-swap, before it touches any node; every weight write
     to a node carries the epoch its writer took, and the node refuses a raise of traffic with an
     older epoch (see M(zerolayer.fleet.route) O(zerolayer.fleet.route#module:epoch)).
-  - V(read) returns the fence. V(raise) raises it and returns the new one.
+  - V(read) returns the fence. V(raise) raises it and returns the new one. V(wait_acks) counts the
+    nodes' fence watchers' acknowledgements of O(epoch) as they arrive, for at most O(wait_s)
+    seconds, and returns which nodes confirmed it and which lag (a rollback pushes to those).
   - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
     so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
@@ -23,8 +25,22 @@ options:
   action:
     description: Read the fence, or raise it.
     type: str
-    choices: [read, raise]
+    choices: [read, raise, wait_acks]
     default: read
+  epoch:
+    description: With V(wait_acks), the fence epoch the nodes must acknowledge (or a later one).
+    type: int
+  nodes:
+    description: With V(wait_acks), the nodes (their inventory names, as their acks are named).
+    type: list
+    elements: str
+    default: []
+  wait_s:
+    description:
+      - With V(wait_acks), how long to wait for the acknowledgements at most. A store that
+        stops answering ends the wait early.
+    type: float
+    default: 2.0
   rollback_mode:
     description: What raised the fence, recorded with it; V(abort) is a canary abort.
     type: str
@@ -89,6 +105,20 @@ store_updated:
   description: Whether the store holds the raised fence (V(raise) only).
   returned: always
   type: bool
+acked:
+  description: With V(wait_acks), each node that confirmed the epoch, with its acknowledgement and
+    C(seen_after_s), when the controller saw it (its own clock, never the node's).
+  returned: with O(action=wait_acks)
+  type: dict
+lagging:
+  description: With V(wait_acks), the nodes that did not confirm in time.
+  returned: with O(action=wait_acks)
+  type: list
+  elements: str
+waited_s:
+  description: With V(wait_acks), how long it waited.
+  returned: with O(action=wait_acks)
+  type: float
 store_error:
   description: Why the store could not be reached, when it could not.
   returned: when the store could not be reached
@@ -113,7 +143,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store impo
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type="str", choices=["read", "raise"], default="read"),
+            action=dict(type="str", choices=["read", "raise", "wait_acks"], default="read"),
+            epoch=dict(type="int"),
+            nodes=dict(type="list", elements="str", default=[]),
+            wait_s=dict(type="float", default=2.0),
             rollback_mode=dict(type="str", choices=["fast", "deep", "abort"], default="fast"),
             reason=dict(type="str", default="requested"),
             actor=dict(type="str"),
@@ -121,9 +154,12 @@ def main():
             require_store=dict(type="bool", default=False),
             **store_options(),
         ),
+        required_if=[("action", "wait_acks", ["epoch"])],
         supports_check_mode=True,
     )
     params = module.params
+    if params["action"] == "wait_acks":
+        wait_acks(module, params)
     actor = params["actor"] or "%s@%s" % (getpass.getuser(), socket.gethostname())
     before = None
     try:
@@ -147,6 +183,24 @@ def main():
     if module._diff:
         output["diff"] = {"before": before, "after": after}
     module.exit_json(**output)
+
+
+def wait_acks(module, params):
+    """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
+    if params["wait_s"] < 0 or params["epoch"] < 1:
+        module.fail_json(
+            msg="wait_acks needs epoch >= 1 and wait_s >= 0; got epoch %r, wait_s %r"
+            % (params["epoch"], params["wait_s"]),
+            field="epoch" if params["epoch"] < 1 else "wait_s",
+        )
+    try:
+        store = store_from_params(params)
+        acked, lagging, waited = store.wait_for_acks(
+            params["epoch"], params["nodes"], params["wait_s"]
+        )
+    except MODULE_FAILURES as exc:
+        fail_module(module, exc)
+    module.exit_json(changed=False, acked=acked, lagging=lagging, waited_s=waited)
 
 
 if __name__ == "__main__":

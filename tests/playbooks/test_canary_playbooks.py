@@ -256,22 +256,33 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     gone = tmp_path / "gone.ini"
     gone.write_text("[gpu_nodes]\nzl-node-gone ansible_connection=containers.podman.podman\n")
 
-    # A budget other than the default: the report must judge against the one it was given.
-    before = time.time()
-    run = fleet.playbook(
-        "rollback.yml",
-        "-e",
-        "canary_record_dir=%s" % records,
-        "-e",
-        "rollback_fast_budget_s=3600",
-    )
-    after = time.time()
+    # One node's fence watcher is stopped: the others confirm by their acknowledgement in
+    # the store, that one gets the push.
+    stopped = fleet.nodes[-1]
+    fleet.exec(stopped, "systemctl", "stop", "zerolayer-fence-watcher.service")
+    try:
+        # A budget other than the default: the report must judge against the one it was given.
+        before = time.time()
+        run = fleet.playbook(
+            "rollback.yml",
+            "-e",
+            "canary_record_dir=%s" % records,
+            "-e",
+            "rollback_fast_budget_s=3600",
+        )
+        after = time.time()
+    finally:
+        fleet.exec(stopped, "systemctl", "start", "zerolayer-fence-watcher.service")
     assert run.returncode == 0, run.stdout[-6000:]
     for node, routes in fleet.weights().items():
         assert routes[fleet.route["name"]][0] == 0, node
     report = rollback_report(records)
     assert report["mode"] == "fast"
     assert report["nodes_confirmed"] == report["nodes_total"] == len(fleet.nodes)
+    assert sorted(report["confirmed_by_watcher"]) == sorted(set(fleet.nodes) - {stopped}), report
+    assert report["pushed"] == [stopped], report
+    by_node = {entry["node"]: entry for entry in report["nodes"]}
+    assert all(by_node[node]["seen_after_s"] is not None for node in report["confirmed_by_watcher"])
     # The report's clock readings lie inside the run as this test saw it from outside.
     assert before <= report["started_at_unix"] <= report["finished_at_unix"] <= after, (
         before,

@@ -215,3 +215,30 @@ def test_the_runner_is_the_topmost_ansible_playbook_not_its_worker(tmp_path):
     ).stdout.split()  # fmt: skip
     top, found = out
     assert found == top, "the worker (same command line) was taken for the runner"
+
+
+def test_acknowledgements_are_counted_once_per_node_and_only_when_they_confirm(store):
+    put = store.client.put
+    put(store.key("acks", "n1"), {"epoch": 3, "confirmed": True, "at_unix": 9e9})  # clock ahead
+    put(store.key("acks", "n2"), {"epoch": 2, "confirmed": True})  # an older rollback's
+    put(store.key("acks", "n3"), {"epoch": 3, "confirmed": False})  # read back wrong
+    put(store.key("acks", "n4"), "not json")
+    put(store.key("acks", "n5"), {"epoch": 4, "confirmed": True})  # a later epoch counts
+    put(store.key("acks", "stranger"), {"epoch": 3, "confirmed": True})  # not asked about
+    nodes = ["n1", "n2", "n3", "n4", "n5"]
+    assert sorted(store.acknowledged(3, nodes)) == ["n1", "n5"]
+
+    # n1 acknowledges again: still one of it.
+    put(store.key("acks", "n1"), {"epoch": 3, "confirmed": True, "at_unix": 0})
+    ticks = iter(range(1000))
+    acked, lagging, waited = store.wait_for_acks(
+        3, nodes, wait_s=5, clock=lambda: next(ticks) * 0.5, sleep=lambda _s: None
+    )
+    assert sorted(acked) == ["n1", "n5"] and lagging == ["n2", "n3", "n4"]
+    assert waited >= 5 and acked["n1"]["seen_after_s"] == 0.5
+
+
+def test_waiting_ends_as_soon_as_every_node_confirmed(store):
+    store.client.put(store.key("acks", "n1"), {"epoch": 1, "confirmed": True})
+    acked, lagging, waited = store.wait_for_acks(1, ["n1"], wait_s=30)
+    assert list(acked) == ["n1"] and lagging == [] and waited < 5

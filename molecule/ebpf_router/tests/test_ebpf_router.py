@@ -154,6 +154,21 @@ def test_exporter_runs_with_no_capability_and_no_run_time_stats(host):
     assert "bpf-stats" not in fds, "BPF_ENABLE_STATS is held only when asked for"
 
 
+def test_fence_watcher_is_enabled_and_waits_for_store_settings(host):
+    """No rollout store in this scenario: the unit is there and enabled, its condition keeps
+    it from running (the sandbox fleet, which has a store, runs it)."""
+    unit = "zerolayer-fence-watcher.service"
+    assert host.service(unit).is_enabled
+    shown = host.check_output(
+        "systemctl show -p ActiveState -p ConditionResult -p ExecStart %s" % unit
+    )
+    properties = dict(line.split("=", 1) for line in shown.splitlines())
+    assert properties["ActiveState"] == "inactive", properties
+    assert properties["ConditionResult"] == "no", properties
+    assert "watch --store-config /etc/zerolayer/store.json" in properties["ExecStart"]
+    assert not host.file("/etc/zerolayer/store.json").exists
+
+
 def test_config_matches_inventory(host):
     config = json.loads(host.file("/etc/zerolayer/router.json").content_string)
     assert config["pin_dir"] == PIN_DIR
