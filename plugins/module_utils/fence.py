@@ -105,22 +105,31 @@ def fence_file_lock(path, timeout=FENCE_LOCK_TIMEOUT_S):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise FleetError(
-                        "the fence file %s stayed locked for %.0f s; a process holding "
-                        "%s.lock is stuck: find it with fuser and end it" % (path, timeout, path),
-                        {"field": "fence_file", "path": path},
-                    ) from None
-                time.sleep(0.001)
+        if not flock_within(fd, timeout, poll_s=0.001):
+            raise FleetError(
+                "the fence file %s stayed locked for %.0f s; a process holding %s.lock is "
+                "stuck: find it with fuser and end it" % (path, timeout, path),
+                {"field": "fence_file", "path": path},
+            )
         yield
     finally:
         os.close(fd)
+
+
+def flock_within(fd, timeout, poll_s):
+    """Take an exclusive flock on fd, trying for at most timeout seconds; whether it got it.
+
+    Polled rather than blocking, so that no caller ever waits longer than it said.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
 
 def admit(path, epoch, raises_traffic, what, check_mode=False):

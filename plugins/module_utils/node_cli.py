@@ -478,27 +478,16 @@ def cmd_attach(args, config):
 
 def _store_from_config(path):
     """The rollout store as the node's store.json describes it (keys as node_client writes)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
     from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
-        DEFAULT_PREFIX,
-        RolloutStore,
-        read_password,
+        store_from_params,
     )
 
     settings = load_config(path, required=True)
     if not settings.get("endpoints"):
         raise UsageError("store config %s names no endpoints" % path, "store_config")
-    password = read_password(settings["password_file"]) if settings.get("password_file") else None
-    client = EtcdClient(
-        settings["endpoints"],
-        settings.get("ca"),
-        settings.get("cert"),
-        settings.get("key"),
-        settings.get("timeout"),
-        user=settings.get("user"),
-        password=password,
-    )
-    return RolloutStore(client, settings.get("prefix") or DEFAULT_PREFIX), settings.get("node")
+    names = {"ca": "ca_file", "cert": "cert_file", "key": "key_file"}
+    params = {names.get(key, key): value for key, value in settings.items()}
+    return store_from_params(params), settings.get("node")
 
 
 def cmd_watch(args, config):

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import struct
-import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import DEFAULT_FENCE_FILE
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+    DEFAULT_FENCE_FILE,
+    flock_within,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     CONFIG_KEY,
     CONFIG_VALUE,
@@ -287,21 +288,13 @@ def writer_lock(layout, what="a write", timeout=WRITER_LOCK_TIMEOUT_S):
 
 
 def _acquire(fd, path, what, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-                raise WriterLockTimeout(
-                    "%s waited %.1f s for the router's writer lock %s and gave up; it is held "
-                    "by pid and purpose: %s. Retry when that writer is done"
-                    % (what, timeout, path, holder),
-                    {"lock": path, "holder": holder},
-                ) from None
-            time.sleep(_LOCK_POLL_S)
+    if not flock_within(fd, timeout, _LOCK_POLL_S):
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+        raise WriterLockTimeout(
+            "%s waited %.1f s for the router's writer lock %s and gave up; it is held by pid "
+            "and purpose: %s. Retry when that writer is done" % (what, timeout, path, holder),
+            {"lock": path, "holder": holder},
+        )
 
 
 def unlink_if_present(path):

@@ -17,7 +17,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import Etc
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
-from store.etcd_member import EtcdMember
+from store.etcd_member import running_etcd
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes
 
@@ -32,12 +32,8 @@ NODE = "zlt-node-1"
 @pytest.fixture
 def etcd():
     """A member of this test's own: some tests stop and start it."""
-    member = EtcdMember()
-    try:
-        member.start()
+    with running_etcd() as member:
         yield member
-    finally:
-        member.remove()
 
 
 @pytest.fixture
@@ -251,6 +247,11 @@ def test_once_acts_and_exits(store, routed, etcd, tmp_path):
     assert status["last_ack_epoch"] == raised["epoch"] and weights(routed) == {"chat": 0}
 
 
+def showing(metrics, name, value):
+    """metrics when name has value there, else None (for wait_until)."""
+    return metrics if metrics.get(name) == value else None
+
+
 def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
     from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 
@@ -261,15 +262,22 @@ def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
         )
 
     watcher.start()
-    before = metrics()
+    # Connected as the watcher last wrote it (a store slow to answer, on a loaded machine,
+    # may turn it to 0 for a moment: the metric is there to say so).
+    before = wait_until(
+        lambda: showing(metrics(), "zerolayer_fence_watcher_store_connected", "1"),
+        "the exporter to show the watcher connected",
+    )
     assert before["zerolayer_node_fence_epoch"] == "0"
-    assert before["zerolayer_fence_watcher_store_connected"] == "1"
     assert before["zerolayer_router_kept_detached"] == "0"
     raised = store.raise_fence("deep", "exporter test", "test")
     acknowledged(store, raised["epoch"])
-    after = metrics()
+    # The watcher writes its status just after the acknowledgement: wait for that too.
+    after = wait_until(
+        lambda: showing(metrics(), "zerolayer_fence_watcher_last_ack_epoch", str(raised["epoch"])),
+        "the exporter to show the acknowledgement",
+    )
     assert after["zerolayer_node_fence_epoch"] == str(raised["epoch"])
-    assert after["zerolayer_fence_watcher_last_ack_epoch"] == str(raised["epoch"])
     assert after["zerolayer_router_kept_detached"] == "1"
     assert float(after["zerolayer_fence_watcher_last_ack_timestamp_seconds"]) > 0
     watcher.kill()
