@@ -94,11 +94,8 @@ def apply(layout, epoch, action, reason):
         result = deep_rollback(layout, epoch, reason)
         return {"actions": result["actions"]}
     routes.fence_routes(layout, epoch, "fast rollback (fence watcher)")
-    if not routes.zero_weights(layout):
-        # Pins of layout 1 (the router not upgraded yet): the weights are in the entries.
-        for route in routes.read_routes(layout):
-            routes.set_route(layout, route.name, weight=0)
-    return {"actions": ["weight 0 on every route"]}
+    failures = routes.roll_back_weights(layout, [r.name for r in routes.read_routes(layout)])
+    return {"actions": ["weight 0 on every route"], "failures": failures}
 
 
 def read_back(layout):

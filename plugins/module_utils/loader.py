@@ -20,7 +20,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import Flee
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     CONFIG_MAP,
     MAP_NAMES,
-    ROUTES_MAP,
     WEIGHTS_MAP,
     check_pinned_maps,
     opened,
@@ -32,10 +31,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     LAYOUT_VERSION,
     MAP_SPEC_BY_NAME,
     PORT_KEY,
-    ROUTE_VALUE,
     WEIGHT_VALUE,
-    decode_route,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_route_entries
 
 _BPFTOOL_FALLBACKS = ("/usr/sbin/bpftool", "/usr/local/sbin/bpftool", "/sbin/bpftool")
 
@@ -143,12 +141,8 @@ def copy_legacy_weights(layout):
     The old program reads the entries until the link swaps to the new one, which reads
     zl_weights: both see the same weights throughout.
     """
-    with opened(layout.map(ROUTES_MAP)) as routes_fd, opened(layout.map(WEIGHTS_MAP)) as fd:
-        for key in bpf_syscall.map_keys(routes_fd, PORT_KEY.size):
-            raw = bpf_syscall.map_lookup(routes_fd, key, ROUTE_VALUE.size)
-            if raw is None:
-                continue
-            route = decode_route(raw)
+    with opened(layout.map(WEIGHTS_MAP)) as fd:
+        for route in read_route_entries(layout):
             bpf_syscall.map_update(
                 fd, PORT_KEY.pack(route.route_index), WEIGHT_VALUE.pack(route.weight_bp)
             )

@@ -277,22 +277,14 @@ def cmd_set_weight(args, config):
 def cmd_rollback(args, config):
     """Weight 0 on every route; the read-back proves it (fast-rollback primitive)."""
     from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
     started = time.monotonic()
     layout = _layout(args, config)
     # The fence first: from here on no writer with an older epoch can raise a weight.
     epoch_before, epoch_after = routes.fence_routes(layout, args.epoch, "fast rollback")
     before = {route.name: route for route in routes.read_routes(layout)}
-    failures = {}
     # Blind writes, no lock: a rollback never waits behind another writer.
-    if not routes.zero_weights(layout):
-        # Pins of layout 1, the router not upgraded yet: the weights are in the entries.
-        for name in before:
-            try:
-                routes.set_route(layout, name, weight=0)
-            except FleetError as exc:  # one bad route must not stop the others
-                failures[name] = exc.message
+    failures = routes.roll_back_weights(layout, before)
     confirmed = routes.read_routes(layout)
     report = []
     for route in confirmed:

@@ -54,25 +54,48 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
 )
 
 
-def read_routes(layout):
-    """All routes, ordered by port, each with its live weight (read-only fds)."""
+def read_route_entries(layout):
+    """The route map's entries as stored (on layout 2 their weight field is the legacy 0)."""
     with opened_map(layout, ROUTES_MAP, read_only=True) as fd:
-        routes = []
+        entries = []
         for key in bpf_syscall.map_keys(fd, PORT_KEY.size):
             raw = bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size)
             if raw is not None:  # deleted while we walked the map
-                routes.append(decode_route(raw))
+                entries.append(decode_route(raw))
+    return entries
+
+
+def read_routes(layout):
+    """All routes, ordered by port, each with its live weight (read-only fds)."""
+    routes = read_route_entries(layout)
     if has_map(layout, WEIGHTS_MAP):
         with opened_map(layout, WEIGHTS_MAP, read_only=True) as fd:
             routes = [
                 route.replace(
                     weight_bp=WEIGHT_VALUE.unpack(
-                        bpf_syscall.map_lookup(fd, PORT_KEY.pack(route.route_index), 4)
+                        bpf_syscall.map_lookup(
+                            fd, PORT_KEY.pack(route.route_index), WEIGHT_VALUE.size
+                        )
                     )[0]
                 )
                 for route in routes
             ]
     return sorted(routes, key=lambda route: route.port)
+
+
+def roll_back_weights(layout, names):
+    """Weight 0 on every route: blind writes (zero_weights) on layout 2, a fenced set_route
+    per route on pins of layout 1. Returns {route name: why it failed} (one bad route must
+    not stop the others)."""
+    if zero_weights(layout):
+        return {}
+    failures = {}
+    for name in names:
+        try:
+            set_route(layout, name, weight=0)
+        except FleetError as exc:
+            failures[name] = exc.message
+    return failures
 
 
 def zero_weights(layout):
