@@ -5,7 +5,8 @@
 `zerolayer-routectl watch` keeps a watch on the fleet's fence key in the rollout store.
 When the store's epoch rises above the node's own, the watcher acts on the node at once:
 fast or abort, weight 0 on every route (blind 4-byte writes, routes.zero_weights); deep,
-the deep rollback (router detached and kept so across reboots). It raises the node's
+the deep rollback (router detached and kept so across reboots), then the proxy started and
+every route's port asked which path answers, as the playbook's push does. It raises the node's
 fence to that epoch first, the same epoch every weight write is checked against, reads
 the result back and writes its acknowledgement to acks/<node> in the store. On every
 (re)connection it reads the fence before it watches, so a watcher that was down, a store
@@ -21,10 +22,14 @@ one; run() is the loop around them.
 
 from __future__ import annotations
 
+import ctypes
+import http.client
 import json
 import os
 import socket
+import subprocess
 import tempfile
+import threading
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
@@ -39,6 +44,9 @@ NODE_ACTIONS = {"fast": "fast", "abort": "fast", "deep": "deep"}
 IDLE_RECHECK_S = 10.0
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 5.0
+# The legacy proxy marks every answer with the path that served it (legacy_proxy role).
+PATH_HEADER = "X-Zerolayer-Path"
+PROBE_TIMEOUT_S = 5.0
 
 
 class FenceRefused(FleetError):
@@ -118,10 +126,98 @@ def read_back(layout):
     }
 
 
+CLONE_NEWNET = 0x40000000
+SELF_NETNS = "/proc/self/ns/net"
+
+
+def connect_in_netns(netns_path, port, timeout):
+    """A TCP connection to 127.0.0.1:port made inside the netns the router steers.
+
+    The node's own netns (the usual case) connects directly; another one (a node that runs
+    its services in a netns of their own) is entered by one short-lived thread, as setns(2)
+    moves only the calling thread and a socket keeps the netns it was made in.
+    """
+    if not netns_path or os.stat(netns_path).st_ino == os.stat(SELF_NETNS).st_ino:
+        return socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    made = {}
+
+    def enter_and_connect():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(netns_path) as netns:
+                if libc.setns(netns.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns %s" % netns_path)
+            made["socket"] = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        except OSError as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=enter_and_connect, name="netns-probe")
+    thread.start()
+    thread.join()
+    if "error" in made:
+        raise made["error"]
+    return made["socket"]
+
+
+def proxy_after_deep(routes, proxy_service, netns_path=None, run=subprocess.run):
+    """The deep rollback's second half: the proxy runs, and the proxy answers every route.
+
+    routes: the node config's routes (name, port); proxy_service: the proxy's systemd unit,
+    or None where the node has none to start (proxy_running is then None, not False).
+    """
+    running = None
+    if proxy_service:
+        argv = ["systemctl", "start", proxy_service]
+        started = run(argv, capture_output=True, text=True, check=False, timeout=60)
+        active = run(
+            ["systemctl", "is-active", "--quiet", proxy_service],
+            capture_output=True, text=True, check=False, timeout=10,
+        )  # fmt: skip
+        running = started.returncode == 0 and active.returncode == 0
+    paths = {route["name"]: probe_path(route["port"], netns_path) for route in routes}
+    return {"proxy_running": running, "paths": paths}
+
+
+def probe_path(port, netns_path=None):
+    """Which path answers a new connection to the port: the answer's PATH_HEADER, or why none."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PROBE_TIMEOUT_S)
+    try:
+        connection.sock = connect_in_netns(netns_path, port, PROBE_TIMEOUT_S)
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        response.read()
+        return response.getheader(PATH_HEADER) or "no %s header (HTTP %d)" % (
+            PATH_HEADER,
+            response.status,
+        )
+    except (OSError, http.client.HTTPException) as exc:
+        return "no answer: %s" % (exc,)
+    finally:
+        connection.close()
+
+
+def config_routes(config):
+    """The (name, port) of each route in the node config; entries without both are left out."""
+    routes = config.get("routes") if isinstance(config, dict) else None
+    return [
+        {"name": route["name"], "port": route["port"]}
+        for route in routes or []
+        if isinstance(route, dict)
+        and isinstance(route.get("name"), str)
+        and isinstance(route.get("port"), int)
+        and not isinstance(route.get("port"), bool)
+    ]
+
+
 def confirmed(action, seen):
     """Whether what the node reads back is the state the fence asks for."""
     if action == "deep":
-        return not seen["attached"] and seen["mode"] == "detached"
+        return (
+            not seen["attached"]
+            and seen["mode"] == "detached"
+            and seen.get("proxy_running") is not False
+            and all(path == "proxy" for path in seen.get("paths", {}).values())
+        )
     return all(weight == 0 for weight in seen["weights_bp"].values())
 
 
@@ -144,9 +240,15 @@ def acknowledgement(node, epoch, action, step, seen, started):
 class Watcher:
     """One node's watcher: the store, the router's pins, and what it last did."""
 
-    def __init__(self, store, layout, node=None, status_file=DEFAULT_STATUS_FILE, log=None):
+    def __init__(
+        self, store, layout, node=None, status_file=DEFAULT_STATUS_FILE, log=None, config=None
+    ):
         self.store = store
         self.layout = layout
+        # The node config (router.json): its routes are probed, its proxy started, after deep.
+        self.routes = config_routes(config or {})
+        self.proxy_service = (config or {}).get("proxy_service") or None
+        self.netns = (config or {}).get("netns") or SELF_NETNS
         self.node = node or socket.gethostname()
         self.status_file = status_file
         self.log = log or (lambda message: None)
@@ -189,6 +291,8 @@ class Watcher:
         if step == "apply":
             apply(self.layout, epoch, action, "fence epoch %d: %s" % (epoch, fence.get("reason")))
         seen = read_back(self.layout)
+        if action == "deep":
+            seen.update(proxy_after_deep(self.routes, self.proxy_service, self.netns))
         ack = acknowledgement(self.node, epoch, action, step, seen, started)
         self.store.client.put(self.store.key("acks", self.node), ack)
         self.status.update(

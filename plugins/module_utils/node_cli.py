@@ -493,7 +493,7 @@ def cmd_watch(args, config):
     def log(message):
         _emit(sys.stderr, {"watcher": message, "at_unix": round(time.time(), 3)})
 
-    watcher = Watcher(store, _layout(args, config), node, args.status_file, log)
+    watcher = Watcher(store, _layout(args, config), node, args.status_file, log, config)
     if args.once:
         watcher.catch_up()
         return watcher.status

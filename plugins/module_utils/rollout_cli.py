@@ -33,6 +33,9 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_ops
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
+    process_started_at,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
@@ -183,7 +186,12 @@ def _push_abort(inventories, epoch, reason):
         argv += ["-i", inventory]
     argv += [
         os.path.join(REPO, "playbooks", "rollback.yml"),
-        "-e", json.dumps({"rollback_fence_epoch": epoch, "rollback_reason": reason}),
+        "-e", json.dumps({
+            "rollback_fence_epoch": epoch,
+            "rollback_reason": reason,
+            # The abort's time runs from this command's start.
+            "rollback_command_started_at": round(process_started_at(), 3),
+        }),
     ]  # fmt: skip
     return subprocess.run(argv, check=False, stdout=sys.stderr, cwd=REPO).returncode
 

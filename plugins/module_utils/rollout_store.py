@@ -179,12 +179,13 @@ class RolloutStore:
 
     # ------------------------------------------------------------ acknowledgements
 
-    def acknowledged(self, epoch, nodes):
+    def acknowledged(self, epoch, nodes, deep=False):
         """{node: ack} of the nodes whose watcher confirmed epoch (or a later one).
 
         An ack counts once per node (its own key), only for a node asked about, and only
         when it is for this epoch or later and says the node reads back the fence's state;
-        its own timestamps (a node's clock) are not used for anything.
+        its own timestamps (a node's clock) are not used for anything. With deep, only a
+        deep rollback's ack counts: a later fast fence's ack says nothing of the router.
         """
         wanted = set(nodes)
         found = {}
@@ -202,11 +203,14 @@ class RolloutStore:
                 and not isinstance(ack_epoch, bool)
                 and ack_epoch >= epoch
                 and ack.get("confirmed") is True
+                and (not deep or ack.get("action") == "deep")
             ):
                 found[node] = ack
         return found
 
-    def wait_for_acks(self, epoch, nodes, wait_s, poll_s=0.02, clock=time.monotonic, sleep=None):
+    def wait_for_acks(
+        self, epoch, nodes, wait_s, poll_s=0.02, clock=time.monotonic, sleep=None, deep=False
+    ):
         """Count acknowledgements of epoch as they arrive, for at most wait_s seconds.
 
         Returns (acked {node: ack with seen_after_s, the controller's own clock}, lagging
@@ -218,7 +222,7 @@ class RolloutStore:
         acked = {}
         while True:
             try:
-                found = self.acknowledged(epoch, nodes)
+                found = self.acknowledged(epoch, nodes, deep)
             except StoreUnavailable:
                 break
             for node, ack in found.items():

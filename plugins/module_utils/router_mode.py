@@ -59,9 +59,12 @@ def detached_record(fence_file, reason=None, seeds=None):
 
     seeds (seed_weight, seed_slot) are kept with the record, so that a restore asked to
     keep them (keep_seeds) decides every tuple as before; a plain restore draws new ones.
-    A repeat at the same epoch keeps the first record (its time and reason).
+    A repeat at the same epoch keeps the first record (its time and reason). A deep rollback
+    on a node already detached (no maps left to read seeds from) carries the kept seeds on.
     """
     current = read_mode(fence_file)
+    if seeds is None and current["mode"] == DETACHED:
+        seeds = kept_seeds(current)
 
     def record(epoch):
         if current["mode"] == DETACHED and current.get("epoch") == epoch:
@@ -85,7 +88,10 @@ def kept_seeds(record):
     valid = (
         isinstance(seeds, list)
         and len(seeds) == 2
-        and all(isinstance(seed, int) and 0 <= seed < 1 << 64 for seed in seeds)
+        and all(
+            isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 1 << 64
+            for seed in seeds
+        )
     )
     return tuple(seeds) if valid else None
 

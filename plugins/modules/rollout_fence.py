@@ -42,7 +42,9 @@ options:
     type: float
     default: 2.0
   rollback_mode:
-    description: What raised the fence, recorded with it; V(abort) is a canary abort.
+    description:
+      - What raised the fence, recorded with it; V(abort) is a canary abort.
+      - With V(wait_acks) and V(deep), only the acknowledgements of a deep rollback count.
     type: str
     choices: [fast, deep, abort]
     default: fast
@@ -196,8 +198,9 @@ def wait_acks(module, params):
     try:
         store = store_from_params(params)
         acked, lagging, waited = store.wait_for_acks(
-            params["epoch"], params["nodes"], params["wait_s"]
-        )
+            params["epoch"], params["nodes"], params["wait_s"],
+            deep=params["rollback_mode"] == "deep",
+        )  # fmt: skip
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
     module.exit_json(changed=False, acked=acked, lagging=lagging, waited_s=waited)

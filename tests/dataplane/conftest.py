@@ -162,7 +162,14 @@ class Netns:
             for host, _space, options in (address.partition(" ") for address in listen)
         )
         with open(conf, "w") as handle:
-            handle.write(NGINX_CONF.format(prefix=prefix, listen=listen_lines, identity=identity))
+            handle.write(
+                NGINX_CONF.format(
+                    prefix=prefix,
+                    listen=listen_lines,
+                    identity=identity,
+                    path="proxy" if identity == "proxy" else "direct",
+                )
+            )
         proc = self.popen(
             ["nginx", "-p", prefix, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
@@ -252,6 +259,8 @@ http {{
         location / {{
             default_type text/plain;
             add_header X-Served-By {identity};
+            # As the legacy_proxy role's nginx says which path answered.
+            add_header X-Zerolayer-Path {path};
             return 200 "{identity}\\n";
         }}
     }}

@@ -16,6 +16,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     bpf_syscall,
     node_cli,
     router_lifecycle,
+    router_mode,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence, write_fence
@@ -309,4 +310,33 @@ def test_a_restore_draws_new_seeds_unless_asked_to_keep_them(
 
     assert routectl(layout, "detach")[0] == 0
     assert routectl(layout, "attach", "--restore", config=config)[0] == 0
+    assert Seeds.of(layout) != first, "a plain restore draws new seeds"
+
+
+def test_the_router_module_keeps_seeds_only_when_asked_and_only_if_kept(
+    layout, netns, router_object
+):
+    pin = {"pin_dir": layout.pin_dir, "fence_file": layout.fence_file}
+    target = {"object": router_object, "netns": netns.path, **pin}
+    # A deep rollback on a node whose router never ran keeps no seeds: asking for them is
+    # refused, names the field, and leaves the node detached as it was.
+    assert ansible("router", state="detached", epoch=2, **pin)["changed"]
+    mode_before = router_mode.read_mode(layout.fence_file)
+    refused = ansible("router", restore=True, keep_seeds=True, **target)
+    assert refused.get("failed") and refused["field"] == "keep_seeds", refused
+    assert router_mode.read_mode(layout.fence_file) == mode_before
+    assert router_lifecycle.router_state(layout)["link"] is None
+
+    assert ansible("router", restore=True, **target)["router"]["attached"] is True
+    first = Seeds.of(layout)
+    assert ansible("router", state="detached", epoch=3, reason="seed-test", **pin)["changed"]
+    # A second deep rollback (the fence rose again, nothing attached) keeps the first one's seeds.
+    assert ansible("router", state="detached", epoch=4, **pin)["changed"]
+    restored = ansible("router", restore=True, keep_seeds=True, **target)
+    assert restored["changed"] and restored["router"]["attached"], restored
+    assert Seeds.of(layout) == first, "keep_seeds=true: every tuple must take its old path"
+
+    assert ansible("router", state="detached", epoch=5, **pin)["changed"]
+    restored = ansible("router", restore=True, **target)
+    assert restored["changed"] and restored["router"]["attached"], restored
     assert Seeds.of(layout) != first, "a plain restore draws new seeds"

@@ -52,8 +52,15 @@ def routed(layout, netns, proxy, engine, router_object):
 class WatcherProcess:
     """`zerolayer-routectl watch`, as the zerolayer-fence-watcher unit runs it."""
 
-    def __init__(self, layout, etcd, tmp_path):
+    def __init__(self, layout, etcd, tmp_path, netns):
         self.layout = layout
+        # As the ebpf_router role writes it: the routes the watcher probes after a deep
+        # rollback, in the netns the router steers. No proxy unit: nginx here is no service.
+        self.config = str(tmp_path / "router.json")
+        with open(self.config, "w") as handle:
+            json.dump(
+                {"netns": netns.path, "routes": [{"name": "chat", "port": SERVICE_PORT}]}, handle
+            )
         self.store_config = str(tmp_path / "store.json")
         with open(self.store_config, "w") as handle:
             json.dump({"endpoints": [etcd.url], "node": NODE, "prefix": "/zlt-watch/"}, handle)
@@ -63,7 +70,7 @@ class WatcherProcess:
     def argv(self, *extra):
         return [
             sys.executable, "-c", ROUTECTL,
-            "--config", "/nonexistent/router.json",
+            "--config", self.config,
             "--pin-dir", self.layout.pin_dir,
             "--fence-file", self.layout.fence_file,
             "watch", "--store-config", self.store_config, "--status-file", self.status_file,
@@ -103,8 +110,8 @@ class WatcherProcess:
 
 
 @pytest.fixture
-def watcher(routed, etcd, tmp_path):
-    process = WatcherProcess(routed, etcd, tmp_path)
+def watcher(routed, etcd, tmp_path, netns):
+    process = WatcherProcess(routed, etcd, tmp_path, netns)
     try:
         yield process
     finally:
@@ -170,9 +177,25 @@ def test_a_deep_rollback_detaches_and_keeps_the_router_detached(watcher, store, 
     raised = store.raise_fence("deep", "kernel trouble", "test")
     ack = acknowledged(store, raised["epoch"])
     assert ack["confirmed"] and ack["action"] == "deep", ack
+    # What the push's probe checks, the watcher checked before it acknowledged.
+    assert ack["read_back"]["paths"] == {"chat": "proxy"}, ack
+    assert ack["read_back"]["proxy_running"] is None, "no proxy unit was configured"
     assert not router_lifecycle.router_state(routed)["attached"]
     assert router_mode.is_detached(routed.fence_file)
     assert netns.clients(count=30)["served"] == {"proxy": 30}
+
+
+def test_a_deep_rollback_with_the_proxy_down_is_acknowledged_unconfirmed(
+    watcher, store, routed, netns, proxy
+):
+    watcher.start()
+    netns.stop(proxy)
+    raised = store.raise_fence("deep", "kernel trouble, proxy down", "test")
+    ack = acknowledged(store, raised["epoch"])
+    # The router is gone all the same; the count must not call the node served.
+    assert not router_lifecycle.router_state(routed)["attached"]
+    assert ack["confirmed"] is False, ack
+    assert ack["read_back"]["paths"]["chat"].startswith("no answer: "), ack
 
 
 def test_a_stopped_watcher_catches_up_when_it_starts(watcher, store, routed):
@@ -236,8 +259,8 @@ def test_a_new_rollout_after_the_rollback_is_not_zeroed_by_a_watcher_restart(
     assert ack_of(store)["epoch"] == raised["epoch"]
 
 
-def test_once_acts_and_exits(store, routed, etcd, tmp_path):
-    process = WatcherProcess(routed, etcd, tmp_path)
+def test_once_acts_and_exits(store, routed, etcd, tmp_path, netns):
+    process = WatcherProcess(routed, etcd, tmp_path, netns)
     raised = store.raise_fence("fast", "once", "test")
     proc = subprocess.run(
         process.argv("--once"), capture_output=True, text=True, timeout=60, check=False

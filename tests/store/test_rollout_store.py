@@ -238,6 +238,17 @@ def test_acknowledgements_are_counted_once_per_node_and_only_when_they_confirm(s
     assert waited >= 5 and acked["n1"]["seen_after_s"] == 0.5
 
 
+def test_a_deep_count_takes_only_the_acks_of_a_deep_rollback(store):
+    put = store.client.put
+    put(store.key("acks", "n1"), {"epoch": 5, "action": "deep", "confirmed": True})
+    # The fast fence raised after the deep one: this node may never have detached.
+    put(store.key("acks", "n2"), {"epoch": 6, "action": "fast", "confirmed": True})
+    assert sorted(store.acknowledged(5, ["n1", "n2"])) == ["n1", "n2"]
+    assert sorted(store.acknowledged(5, ["n1", "n2"], deep=True)) == ["n1"]
+    acked, lagging, _waited = store.wait_for_acks(5, ["n1", "n2"], wait_s=0, deep=True)
+    assert list(acked) == ["n1"] and lagging == ["n2"]
+
+
 def test_waiting_ends_as_soon_as_every_node_confirmed(store):
     store.client.put(store.key("acks", "n1"), {"epoch": 1, "confirmed": True})
     acked, lagging, waited = store.wait_for_acks(1, ["n1"], wait_s=30)

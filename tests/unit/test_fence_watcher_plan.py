@@ -1,11 +1,19 @@
 """Every decision of the fence watcher: what one fence record asks of one node."""
 
+import socket
+import subprocess
+
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
     FenceRefused,
+    config_routes,
     confirmed,
     plan,
+    probe_path,
+    proxy_after_deep,
 )
+
+DETACHED = {"attached": False, "mode": "detached"}
 
 
 @pytest.mark.parametrize(
@@ -64,7 +72,53 @@ def test_an_epoch_below_an_acknowledged_one_is_refused():
         ("deep", {"attached": False, "mode": "detached"}, True),
         ("deep", {"attached": True, "mode": "detached"}, False),
         ("deep", {"attached": False, "mode": "active"}, False),
+        ("deep", {**DETACHED, "proxy_running": True, "paths": {"chat": "proxy"}}, True),
+        ("deep", {**DETACHED, "proxy_running": None, "paths": {"chat": "proxy"}}, True),
+        ("deep", {**DETACHED, "proxy_running": False, "paths": {"chat": "proxy"}}, False),
+        ("deep", {**DETACHED, "proxy_running": True, "paths": {"chat": "direct"}}, False),
+        (
+            "deep",
+            {**DETACHED, "proxy_running": True, "paths": {"a": "proxy", "b": "no answer"}},
+            False,
+        ),
     ],
 )
 def test_confirmed(action, seen, expected):
     assert confirmed(action, seen) is expected
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({"routes": [{"name": "chat", "port": 8080, "weight": 5}]}, [("chat", 8080)]),
+        ({"routes": [{"name": "chat"}, {"port": 1}, "x", {"name": "b", "port": True}]}, []),
+        ({"routes": None}, []),
+        ({}, []),
+    ],
+)
+def test_only_routes_with_a_name_and_port_are_probed(config, expected):
+    assert [(r["name"], r["port"]) for r in config_routes(config)] == expected
+
+
+def test_after_a_deep_rollback_the_proxy_unit_is_started_and_asked_if_active():
+    calls = []
+
+    def run(argv, **_kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 3 if argv[1] == "is-active" else 0)
+
+    seen = proxy_after_deep([], "nginx.service", run=run)
+    assert calls == [
+        ["systemctl", "start", "nginx.service"],
+        ["systemctl", "is-active", "--quiet", "nginx.service"],
+    ]
+    assert seen == {"proxy_running": False, "paths": {}}
+    assert proxy_after_deep([], None, run=run) == {"proxy_running": None, "paths": {}}
+    assert len(calls) == 2, "no proxy unit: nothing is started"
+
+
+def test_a_port_nobody_answers_is_named_not_counted_as_the_proxy():
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert probe_path(port).startswith("no answer: ")
