@@ -498,19 +498,37 @@ def cmd_watch(args, config):
         watcher.catch_up()
         return watcher.status
     stopping = []
+    started_with = _read_bytes(args.store_config)
 
     def stop(signum, _frame):
         stopping.append(signum)
         raise _Stopped()
 
+    def store_config_changed():
+        # New endpoints or credentials (a run of the rollout_store role): end, so that the
+        # unit starts the watcher again with them (Restart=always). Checked after each
+        # store event and at least every idle re-check (10 s).
+        return _read_bytes(args.store_config) != started_with
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        watcher.run(stop=lambda: bool(stopping))
+        watcher.run(stop=lambda: bool(stopping) or store_config_changed())
     except _Stopped:
         pass
     watcher.status["stopped_by_signal"] = stopping[0] if stopping else None
+    watcher.status["stopped_for"] = (
+        "signal" if stopping else "store config %s changed" % args.store_config
+    )
     return watcher.status
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 class _Stopped(BaseException):

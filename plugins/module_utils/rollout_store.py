@@ -209,27 +209,47 @@ class RolloutStore:
         return found
 
     def wait_for_acks(
-        self, epoch, nodes, wait_s, poll_s=0.02, clock=time.monotonic, sleep=None, deep=False
+        self,
+        epoch,
+        nodes,
+        wait_s,
+        poll_s=0.02,
+        clock=time.monotonic,
+        sleep=None,
+        deep=False,
+        quiet_s=None,
     ):
         """Count acknowledgements of epoch as they arrive, for at most wait_s seconds.
 
-        Returns (acked {node: ack with seen_after_s, the controller's own clock}, lagging
-        [nodes], waited_s). A store that stops answering ends the wait early: the lagging
-        nodes get the push.
+        The count also ends once acknowledgements have come in and then a read, asked
+        quiet_s or more after the last new one, finds none new (None: never): the watchers
+        that answer do so within about 0.1 s of the fence, so a node still silent by then
+        is down or cut off, and waiting longer only delays its push. A read that is slow
+        (a busy store) never ends the count by itself. Returns (acked {node: ack with
+        seen_after_s, the controller's own clock}, lagging [nodes], waited_s). A read that
+        fails is tried again while wait_s lasts; the lagging nodes then get the push.
         """
         sleep = sleep or time.sleep
         started = clock()
         acked = {}
+        last_new = None
         while True:
+            asked = clock()
             try:
                 found = self.acknowledged(epoch, nodes, deep)
             except StoreUnavailable:
+                found = {}
+            now = clock()
+            new = [node for node in found if node not in acked]
+            for node in new:
+                acked[node] = dict(found[node], seen_after_s=round(now - started, 3))
+            if new:
+                last_new = now
+            if len(acked) == len(set(nodes)) or now - started >= wait_s:
                 break
-            for node, ack in found.items():
-                if node not in acked:
-                    acked[node] = dict(ack, seen_after_s=round(clock() - started, 3))
-            if len(acked) == len(set(nodes)) or clock() - started >= wait_s:
-                break
+            if quiet_s is not None and last_new is not None and not new:
+                if asked - last_new >= quiet_s:
+                    break
             sleep(poll_s)
         lagging = [node for node in nodes if node not in acked]
         return acked, lagging, round(clock() - started, 3)

@@ -15,6 +15,8 @@ description:
   - V(read) returns the fence. V(raise) raises it and returns the new one. V(wait_acks) counts the
     nodes' fence watchers' acknowledgements of O(epoch) as they arrive, for at most O(wait_s)
     seconds, and returns which nodes confirmed it and which lag (a rollback pushes to those).
+    V(raise) with O(nodes) and O(wait_s) above 0 does both in one call: a rollback saves the
+    start of a second module.
   - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
     so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
@@ -31,7 +33,10 @@ options:
     description: With V(wait_acks), the fence epoch the nodes must acknowledge (or a later one).
     type: int
   nodes:
-    description: With V(wait_acks), the nodes (their inventory names, as their acks are named).
+    description:
+      - With V(wait_acks), the nodes (their inventory names, as their acks are named).
+      - With V(raise), the nodes whose acknowledgements of the new epoch are then counted;
+        empty, none are.
     type: list
     elements: str
     default: []
@@ -41,6 +46,12 @@ options:
         stops answering ends the wait early.
     type: float
     default: 2.0
+  quiet_s:
+    description:
+      - With V(wait_acks), end the count early once acknowledgements have arrived and then
+        none for this long (the nodes still silent get the push sooner). Omitted, the count
+        runs until every node confirmed or O(wait_s) is over.
+    type: float
   rollback_mode:
     description:
       - What raised the fence, recorded with it; V(abort) is a canary abort.
@@ -110,16 +121,16 @@ store_updated:
 acked:
   description: With V(wait_acks), each node that confirmed the epoch, with its acknowledgement and
     C(seen_after_s), when the controller saw it (its own clock, never the node's).
-  returned: with O(action=wait_acks)
+  returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: dict
 lagging:
   description: With V(wait_acks), the nodes that did not confirm in time.
-  returned: with O(action=wait_acks)
+  returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: list
   elements: str
 waited_s:
   description: With V(wait_acks), how long it waited.
-  returned: with O(action=wait_acks)
+  returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: float
 store_error:
   description: Why the store could not be reached, when it could not.
@@ -149,6 +160,7 @@ def main():
             epoch=dict(type="int"),
             nodes=dict(type="list", elements="str", default=[]),
             wait_s=dict(type="float", default=2.0),
+            quiet_s=dict(type="float"),
             rollback_mode=dict(type="str", choices=["fast", "deep", "abort"], default="fast"),
             reason=dict(type="str", default="requested"),
             actor=dict(type="str"),
@@ -160,6 +172,11 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    if params["quiet_s"] is not None and params["quiet_s"] <= 0:
+        module.fail_json(
+            msg="quiet_s must be above 0 seconds (or left out); got %r" % params["quiet_s"],
+            field="quiet_s",
+        )
     if params["action"] == "wait_acks":
         wait_acks(module, params)
     actor = params["actor"] or "%s@%s" % (getpass.getuser(), socket.gethostname())
@@ -182,6 +199,8 @@ def main():
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
     output = {"changed": True, "fence": after, "store_updated": not module.check_mode}
+    if params["nodes"] and params["wait_s"] > 0 and not module.check_mode:
+        output.update(count_acks(store, params, after["epoch"]))
     if module._diff:
         output["diff"] = {"before": before, "after": after}
     module.exit_json(**output)
@@ -196,14 +215,18 @@ def wait_acks(module, params):
             field="epoch" if params["epoch"] < 1 else "wait_s",
         )
     try:
-        store = store_from_params(params)
-        acked, lagging, waited = store.wait_for_acks(
-            params["epoch"], params["nodes"], params["wait_s"],
-            deep=params["rollback_mode"] == "deep",
-        )  # fmt: skip
+        counted = count_acks(store_from_params(params), params, params["epoch"])
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
-    module.exit_json(changed=False, acked=acked, lagging=lagging, waited_s=waited)
+    module.exit_json(changed=False, **counted)
+
+
+def count_acks(store, params, epoch):
+    acked, lagging, waited = store.wait_for_acks(
+        epoch, params["nodes"], params["wait_s"],
+        deep=params["rollback_mode"] == "deep", quiet_s=params["quiet_s"],
+    )  # fmt: skip
+    return {"acked": acked, "lagging": lagging, "waited_s": waited}
 
 
 if __name__ == "__main__":

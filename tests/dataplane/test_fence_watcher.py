@@ -320,3 +320,20 @@ def test_an_unreadable_fence_file_leaves_only_its_series_out(routed):
     text = exposition.render(snapshot)
     assert "zerolayer_node_fence_epoch" not in text
     assert 'zerolayer_route_weight_ratio{route="chat",port="8080"} 1' in text
+
+
+def test_a_changed_store_config_ends_the_watcher_for_its_unit_to_start_it_again(
+    watcher, store, routed
+):
+    watcher.start()
+    with open(watcher.store_config) as handle:
+        settings = json.load(handle)
+    settings["timeout"] = 4  # what a run of the rollout_store role may change
+    with open(watcher.store_config, "w") as handle:
+        json.dump(settings, handle)
+    # It notices after the next store event or idle re-check (10 s), whichever comes first.
+    out, err = watcher.proc.communicate(timeout=30)
+    watcher.proc = None
+    status = json.loads(out)
+    assert status["stopped_for"] == "store config %s changed" % watcher.store_config, (out, err)
+    assert weights(routed) == {"chat": 10000}, "ending for new settings changes nothing on the node"

@@ -29,7 +29,7 @@ EXTERNAL_METRICS = {
 # Engine metric names that must come from the engines (the simulator proves them here).
 ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total)$")
 # Names zerolayer-route-exporter serves (the exporter's own rendering proves them here).
-EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout)_\w+$")
+EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout|node|fence_watcher)_\w+$")
 COLLECTIONS_PATH = REPO / ".collections"
 
 KEYWORDS = {

@@ -235,7 +235,8 @@ def test_acknowledgements_are_counted_once_per_node_and_only_when_they_confirm(s
         3, nodes, wait_s=5, clock=lambda: next(ticks) * 0.5, sleep=lambda _s: None
     )
     assert sorted(acked) == ["n1", "n5"] and lagging == ["n2", "n3", "n4"]
-    assert waited >= 5 and acked["n1"]["seen_after_s"] == 0.5
+    # Clock readings: 0 start, 0.5 the read asked, 1.0 its answer (when the ack was seen).
+    assert waited >= 5 and acked["n1"]["seen_after_s"] == 1.0
 
 
 def test_a_deep_count_takes_only_the_acks_of_a_deep_rollback(store):
@@ -247,6 +248,25 @@ def test_a_deep_count_takes_only_the_acks_of_a_deep_rollback(store):
     assert sorted(store.acknowledged(5, ["n1", "n2"], deep=True)) == ["n1"]
     acked, lagging, _waited = store.wait_for_acks(5, ["n1", "n2"], wait_s=0, deep=True)
     assert list(acked) == ["n1"] and lagging == ["n2"]
+
+
+def test_the_count_ends_when_acknowledgements_stop_coming_not_only_at_wait_s(store):
+    store.client.put(store.key("acks", "n1"), {"epoch": 2, "confirmed": True})
+    ticks = iter(range(1000))
+    clock = lambda: next(ticks) * 0.1  # noqa: E731 - each reading 0.1 s later
+    acked, lagging, waited = store.wait_for_acks(
+        2, ["n1", "n2"], wait_s=30, clock=clock, sleep=lambda _s: None, quiet_s=0.5
+    )
+    assert list(acked) == ["n1"] and lagging == ["n2"]
+    assert 0.5 <= waited < 1.5, "the count went on after the acknowledgements had stopped"
+
+
+def test_with_no_acknowledgement_at_all_the_quiet_rule_never_ends_the_count(store):
+    ticks = iter(range(1000))
+    acked, lagging, waited = store.wait_for_acks(
+        2, ["n1"], wait_s=3, clock=lambda: next(ticks) * 0.1, sleep=lambda _s: None, quiet_s=0.5
+    )
+    assert acked == {} and lagging == ["n1"] and waited >= 3
 
 
 def test_waiting_ends_as_soon_as_every_node_confirmed(store):
