@@ -274,13 +274,20 @@ class RolloutStore:
         most its TTL) instead of refusing, so a resume after a crash just works.
         """
         waited = 0.0
+        limit = None
         while True:
             try:
                 return self._acquire_once(scope, identity, ttl_s)
             except OwnerConflict as conflict:
                 holder, left = conflict.details["holder"], conflict.details["ttl_left_s"]
-                # etcd removes an expired lease's keys a moment after its TTL: a few tries more.
-                if alive is None or not _dead_here(holder, alive) or waited > left + 10:
+                if alive is None or not _dead_here(holder, alive):
+                    raise
+                # The wait is bounded once, by the lease time left at the first conflict:
+                # etcd removes an expired lease's keys a moment after its TTL (seconds on a
+                # busy store, when the lease reads as -1), so a few tries more after that.
+                if limit is None:
+                    limit = max(left, 0) + 10
+                if waited > limit:
                     raise
                 pause = max(0.5, min(left, 3600))
                 sleep(pause)

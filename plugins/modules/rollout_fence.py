@@ -15,7 +15,7 @@ description:
   - V(read) returns the fence. V(raise) raises it and returns the new one. V(wait_acks) counts the
     nodes' fence watchers' acknowledgements of O(epoch) as they arrive, for at most O(wait_s)
     seconds, and returns which nodes confirmed it and which lag (a rollback pushes to those).
-    V(raise) with O(nodes) and O(wait_s) above 0 does both in one call: a rollback saves the
+    V(raise) with O(nodes) and O(wait_s) above 0 does both in one call, which saves a rollback the
     start of a second module.
   - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)

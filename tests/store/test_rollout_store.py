@@ -4,6 +4,7 @@ compare-and-swap, one owner per scope on a lease, the heartbeat tied to its runn
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -177,6 +178,48 @@ def test_a_runner_on_the_same_host_waits_out_a_dead_holders_lease(store):
     assert mine["pid"] == os.getpid() and slept and sum(slept) <= 5 + 10
 
 
+def test_a_lease_that_reads_expired_but_whose_key_etcd_has_not_removed_yet_is_waited_for(
+    store, monkeypatch
+):
+    """etcd removes an expired lease's keys a moment after the TTL (seconds on a busy store):
+    the retry that finds the lease at -1 must wait a little more, not give up because the
+    wait for the TTL itself was long."""
+    dead_holder = {"host": socket.gethostname(), "pid": 1, "pid_started": 1}
+    answers = iter([30, -1, -1, -1, None])  # seconds left at each try; None: free
+
+    def attempt(_scope, identity, _ttl):
+        left = next(answers)
+        if left is None:
+            return dict(identity, lease=7)
+        raise OwnerConflict("held", {"field": "scope", "holder": dead_holder, "ttl_left_s": left})
+
+    monkeypatch.setattr(store, "_acquire_once", attempt)
+    slept = []
+    mine = store.acquire(
+        "gpu_nodes", runner_identity("chat-b", 2222), 30,
+        alive=lambda _pid, _started: False, sleep=slept.append,
+    )  # fmt: skip
+    assert mine["lease"] == 7 and slept == [30, 0.5, 0.5, 0.5]
+
+
+def test_a_dead_holder_whose_key_never_goes_is_given_up_on_after_its_ttl_and_10_s(
+    store, monkeypatch
+):
+    dead_holder = {"host": socket.gethostname(), "pid": 1, "pid_started": 1}
+
+    def attempt(_scope, _identity, _ttl):
+        raise OwnerConflict("held", {"field": "scope", "holder": dead_holder, "ttl_left_s": -1})
+
+    monkeypatch.setattr(store, "_acquire_once", attempt)
+    slept = []
+    with pytest.raises(OwnerConflict):
+        store.acquire(
+            "gpu_nodes", runner_identity("chat-b", 2222), 30,
+            alive=lambda _pid, _started: False, sleep=slept.append,
+        )  # fmt: skip
+    assert 10 < sum(slept) <= 11
+
+
 def test_a_live_holder_is_refused_at_once_even_on_the_same_host(store):
     me = heartbeat._stat(os.getpid())[1]
     store.acquire("gpu_nodes", runner_identity("chat-a", os.getpid(), me), 10)
@@ -253,7 +296,10 @@ def test_a_deep_count_takes_only_the_acks_of_a_deep_rollback(store):
 def test_the_count_ends_when_acknowledgements_stop_coming_not_only_at_wait_s(store):
     store.client.put(store.key("acks", "n1"), {"epoch": 2, "confirmed": True})
     ticks = iter(range(1000))
-    clock = lambda: next(ticks) * 0.1  # noqa: E731 - each reading 0.1 s later
+
+    def clock():
+        return next(ticks) * 0.1  # each reading 0.1 s later
+
     acked, lagging, waited = store.wait_for_acks(
         2, ["n1", "n2"], wait_s=30, clock=clock, sleep=lambda _s: None, quiet_s=0.5
     )
