@@ -172,6 +172,8 @@ def test_fence_watcher_is_enabled_and_waits_for_store_settings(host):
 def test_config_matches_inventory(host):
     config = json.loads(host.file("/etc/zerolayer/router.json").content_string)
     assert config["pin_dir"] == PIN_DIR
+    # The fence watcher starts this unit and probes the routes after a deep rollback.
+    assert config["proxy_service"] == "nginx.service"
     assert config["routes"][0]["engines"] == [
         {"slot": 0, "unit": "zl-test-engine.service", "port": ENGINE_PORT}
     ]
