@@ -46,7 +46,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (  # noqa: E402
     EtcdClient,
 )
@@ -54,6 +53,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher impo
     Watcher,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (  # noqa: E402
+    pin_new_map,
     write_new_seeds,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (  # noqa: E402
@@ -101,13 +101,7 @@ def make_node(layout):
     """Every map of the current layout, pinned, with the node's seeds and one route at 50 %."""
     ensure_pin_dirs(layout)
     for spec in MAP_SPECS:
-        fd = bpf_syscall.map_create(
-            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, spec.name
-        )
-        try:
-            bpf_syscall.obj_pin(fd, layout.map(spec.name))
-        finally:
-            os.close(fd)
+        pin_new_map(spec, layout.map(spec.name))
     write_new_seeds(layout)
     set_route(layout, ROUTE, PORT, WEIGHT)
 

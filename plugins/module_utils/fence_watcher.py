@@ -102,7 +102,7 @@ def apply(layout, epoch, action, reason):
         result = deep_rollback(layout, epoch, reason)
         return {"actions": result["actions"]}
     routes.fence_routes(layout, epoch, "fast rollback (fence watcher)")
-    failures = routes.roll_back_weights(layout, [r.name for r in routes.read_routes(layout)])
+    failures = routes.roll_back_weights(layout)
     return {"actions": ["weight 0 on every route"], "failures": failures}
 
 

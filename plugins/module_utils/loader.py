@@ -105,6 +105,17 @@ def write_new_seeds(layout, seeds=None):
         )
 
 
+def pin_new_map(spec, path):
+    """Create an empty map as spec (route_codec.MapSpec) describes it and pin it at path."""
+    fd = bpf_syscall.map_create(
+        spec.map_type, spec.key_size, spec.value_size, spec.max_entries, spec.name
+    )
+    try:
+        bpf_syscall.obj_pin(fd, path)
+    finally:
+        os.close(fd)
+
+
 def add_maps_of_newer_layout(layout):
     """Upgrade pins of an older layout in place: create and pin the maps it lacks.
 
@@ -120,14 +131,7 @@ def add_maps_of_newer_layout(layout):
         path = layout.map(name)
         if os.path.exists(path):
             continue
-        spec = MAP_SPEC_BY_NAME[name]
-        fd = bpf_syscall.map_create(
-            spec.map_type, spec.key_size, spec.value_size, spec.max_entries, name
-        )
-        try:
-            bpf_syscall.obj_pin(fd, path)
-        finally:
-            os.close(fd)
+        pin_new_map(MAP_SPEC_BY_NAME[name], path)
         added.append(name)
     write_new_seeds(layout)
     if WEIGHTS_MAP in added:

@@ -83,12 +83,14 @@ def read_routes(layout):
     return sorted(routes, key=lambda route: route.port)
 
 
-def roll_back_weights(layout, names):
+def roll_back_weights(layout, names=None):
     """Weight 0 on every route: blind writes (zero_weights) on layout 2, a fenced set_route
-    per route on pins of layout 1. Returns {route name: why it failed} (one bad route must
-    not stop the others)."""
+    per route on pins of layout 1 (names: the routes, read from the map when not given, and
+    only then). Returns {route name: why it failed} (one bad route must not stop the others)."""
     if zero_weights(layout):
         return {}
+    if names is None:
+        names = [route.name for route in read_routes(layout)]
     failures = {}
     for name in names:
         try:

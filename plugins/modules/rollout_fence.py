@@ -42,15 +42,16 @@ options:
     default: []
   wait_s:
     description:
-      - With V(wait_acks), how long to wait for the acknowledgements at most. A store that
-        stops answering ends the wait early.
+      - With V(wait_acks), or V(raise) with O(nodes), how long to wait for the
+        acknowledgements at most. A read the store fails is tried again while it lasts.
     type: float
     default: 2.0
   quiet_s:
     description:
-      - With V(wait_acks), end the count early once acknowledgements have arrived and then
-        none for this long (the nodes still silent get the push sooner). Omitted, the count
-        runs until every node confirmed or O(wait_s) is over.
+      - With V(wait_acks), or V(raise) with O(nodes), end the count early once
+        acknowledgements have arrived and then none for this long (the nodes still silent
+        get the push sooner). Omitted, the count runs until every node confirmed or
+        O(wait_s) is over.
     type: float
   rollback_mode:
     description:
