@@ -320,8 +320,9 @@ def _sample(name, labels, value):
     return "%s %s" % (name, format_value(value))
 
 
-def _family(lines, name, kind, samples):
-    lines.append("# HELP %s %s" % (name, _HELP[name]))
+def _family(lines, name, kind, samples, help_text=None):
+    """One metric family: HELP (this module's, unless help_text), TYPE, the samples."""
+    lines.append("# HELP %s %s" % (name, help_text or _HELP[name]))
     lines.append("# TYPE %s %s" % (name, kind))
     lines.extend(samples)
 
@@ -536,24 +537,37 @@ def render_rollout(lines, rollout):
 # HTTP server
 
 
-class RolloutRecordReader:
-    """read_rollout() of one path per scrape; a bad record is logged when its reason changes.
+class LoggedReader:
+    """read() once per scrape; its "error" is logged when the reason changes.
 
     Scrapes come every few seconds: one line per new problem keeps the journal readable.
+    recovered, when given, is logged once the error is gone.
     """
 
-    def __init__(self, path, log=None):
-        self.path = path
+    def __init__(self, read, problem, recovered=None, log=None):
+        self.read = read
+        self.problem = problem
+        self.recovered = recovered
         self.log = log or sys.stderr.write
         self.last_error = None
 
     def __call__(self):
-        rollout = read_rollout(self.path)
-        error = rollout.get("error")
+        state = self.read()
+        error = state.get("error")
         if error and error != self.last_error:
-            self.log("rollout record unusable: %s\n" % error)
+            self.log("%s: %s\n" % (self.problem, error))
+        elif self.last_error and not error and self.recovered:
+            self.log(self.recovered + "\n")
         self.last_error = error
-        return rollout
+        return state
+
+
+class RolloutRecordReader(LoggedReader):
+    """read_rollout() of one path per scrape; a bad record is logged when its reason changes."""
+
+    def __init__(self, path, log=None):
+        super().__init__(lambda: read_rollout(path), "rollout record unusable", log=log)
+        self.path = path
 
 
 def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):

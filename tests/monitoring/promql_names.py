@@ -29,7 +29,9 @@ EXTERNAL_METRICS = {
 # Engine metric names that must come from the engines (the simulator proves them here).
 ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total)$")
 # Names zerolayer-route-exporter serves (the exporter's own rendering proves them here).
-EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout|node|fence_watcher)_\w+$")
+EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout(?!_store_)|node|fence_watcher)_\w+$")
+# Names zerolayer-store-exporter serves (store_exporter_text() proves them).
+STORE_EXPORTER_NAME = re.compile(r"^zerolayer_rollout_store_\w+$")
 COLLECTIONS_PATH = REPO / ".collections"
 
 KEYWORDS = {
@@ -146,3 +148,33 @@ def exporter_text():
         "rollout": exposition.rollout_from_record(record),
     }
     return exposition.render(snapshot)
+
+
+def store_exporter_text():
+    """What zerolayer-store-exporter serves for a store holding every kind of wave: one
+    running with its runner's lease, one paused, one rolled back, rendered by its own code."""
+    import datetime
+    import json
+    import sys
+
+    if str(COLLECTIONS_PATH) not in sys.path:
+        sys.path.insert(0, str(COLLECTIONS_PATH))
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, store_exporter
+
+    now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+    running, _changed, _note = rollout.plan(None, "dash-1:w1", None, None, False, now, "sre@ctl", 2)
+    paused, _changed = rollout.apply(running, "pause", {}, now, "sre@ctl")
+    ended, _changed = rollout.apply(running, "rolled_back", {}, now, "sre@ctl")
+    owner = {"host": "ctl", "pid": 1, "rollout_id": "dash-1", "ttl_s": 30}
+    state = store_exporter.store_state(
+        {
+            "fence": json.dumps({"epoch": 2}),
+            "owners": [("gpu_nodes", json.dumps(owner), 25)],
+            "records": [
+                ("dash-1/w1", rollout.encode_record(running)),
+                ("dash-1/w2", rollout.encode_record(paused)),
+                ("dash-0/w1", rollout.encode_record(ended)),
+            ],
+        }
+    )
+    return store_exporter.render(state)

@@ -8,11 +8,13 @@ from promql_names import (
     EXTERNAL_METRICS,
     REPO,
     RULES,
+    STORE_EXPORTER_NAME,
     base_name,
     documented_metrics,
     metric_names,
     recorded_names,
     scraped_names,
+    store_exporter_text,
 )
 
 RULE_TESTS = sorted((REPO / "files/prometheus/tests").glob("*.yml"))
@@ -80,6 +82,7 @@ def test_every_alert_has_for_severity_and_runbook():
 def test_rules_read_only_metrics_the_system_emits(engine_sim_metrics):
     documented = documented_metrics()
     simulated = scraped_names(engine_sim_metrics)
+    stored = scraped_names(store_exporter_text())
     recorded = recorded_names()
     unknown = {}
     for rule in rules():
@@ -89,8 +92,19 @@ def test_rules_read_only_metrics_the_system_emits(engine_sim_metrics):
             base = base_name(name)
             if ENGINE_NAME.match(base):
                 known = name in simulated and base in documented
+            elif STORE_EXPORTER_NAME.match(base):
+                known = name in stored and base in documented
             else:
                 known = base in documented
             if not known:
                 unknown.setdefault(rule.get("alert") or rule.get("record"), []).append(name)
     assert not unknown, f"rules read metrics nothing emits: {unknown}"
+
+
+def test_store_exporter_text_has_every_family_it_can_serve():
+    # The rule check above is only as good as this rendering: every family of the store's
+    # exporter must be in it.
+    served = scraped_names(store_exporter_text())  # puts the collection on sys.path
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter
+
+    assert served >= set(store_exporter._HELP)

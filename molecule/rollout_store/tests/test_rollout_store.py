@@ -242,7 +242,11 @@ def test_certificate_without_password_or_with_a_wrong_one_gets_nothing(host, nod
 def test_only_the_expected_users_exist(host):
     root = {"cert": f"{MEMBER_PKI}/root.pem", "key": f"{MEMBER_PKI}/root-key.pem"}
     users = json.loads(etcdctl(host, root, "user", "list", "-w", "json").stdout)["users"]
-    assert sorted(users) == sorted(["root", "zerolayer-controller", NODE])
+    assert sorted(users) == sorted(
+        ["root", "zerolayer-controller", NODE, "zerolayer-store-exporter"]
+    )
     roles = json.loads(etcdctl(host, root, "role", "list", "-w", "json").stdout)["roles"]
     # etcd's built-in root role is not listed.
-    assert sorted(roles) == sorted(["zerolayer-controller", f"zerolayer-node-{NODE}"])
+    assert sorted(roles) == sorted(
+        ["zerolayer-controller", f"zerolayer-node-{NODE}", "zerolayer-store-exporter"]
+    )

@@ -1,0 +1,412 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The rollout store's state in the Prometheus text exposition format (docs/metrics.md).
+
+The route exporter on a node sees that node's copy of a record; only the store knows
+whether a rollout still has a runner (its owner key, on a lease kept alive by the
+runner's heartbeat), since when a wave is paused, and the fleet's fence epoch. This is
+zerolayer-store-exporter, run on each member of the store by the rollout_store role:
+
+  read_store()  one look at the store: the fence, the owners with their leases' time
+                left, the records (the only part that does I/O)
+  store_state() what those keys say, per wave (pure)
+  render()      the exposition text of that state (pure, exposition.py's samples)
+  serve()       the HTTP server: one look at the store per scrape
+
+A key the exporter does not understand (a record of another format, an owner that is not
+JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the other waves
+are still exported. A store that cannot be read gives zerolayer_rollout_store_up 0 and
+nothing else: an outage must not look like "no rollout, no owner".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition, rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+    validate_record_key,
+)
+
+DEFAULT_PORT = 9465
+DEFAULT_ADDRESS = exposition.DEFAULT_ADDRESS
+# Keys a member's store.json may hold (the nodes' store.json layout, plus timeout).
+CONFIG_KEYS = ("endpoints", "ca", "cert", "key", "user", "password_file", "prefix", "timeout")
+
+_HELP = {
+    "zerolayer_rollout_store_up": "1 when this scrape read the rollout store; 0 when it could "
+    "not (then no other store series)",
+    "zerolayer_rollout_store_unreadable_keys": "Keys under the store's prefix that are not what "
+    "the fleet writes there (left out of the other series)",
+    "zerolayer_rollout_store_fence_epoch": "The fleet's fence epoch in the store (0 before the "
+    "first rollback or abort)",
+    "zerolayer_rollout_store_wave_info": "A wave's record in the store and its outcome",
+    "zerolayer_rollout_store_wave_running": "1 while the wave's record is running and not paused",
+    "zerolayer_rollout_store_wave_paused": "1 while the wave is paused",
+    "zerolayer_rollout_store_wave_paused_since_timestamp_seconds": "Unix time the wave was "
+    "paused (only while it is)",
+    "zerolayer_rollout_store_wave_owned": "1 while a runner holds a scope for the wave's "
+    "rollout (its owner key and lease exist)",
+    "zerolayer_rollout_store_wave_owner_lease_remaining_seconds": "Seconds left on the owner's "
+    "lease (the heartbeat renews it every third of its TTL; -1 once it expired)",
+    "zerolayer_rollout_store_wave_owner_lease_ttl_seconds": "The TTL the owner's lease was "
+    "granted with (canary_owner_ttl)",
+    "zerolayer_rollout_store_wave_fence_epoch": "The fence epoch the wave took when it was "
+    "planned or resumed (a running wave below the fleet's was fenced by a rollback)",
+}
+
+
+class StoreExporterError(FleetError):
+    """A bad command line or store settings file."""
+
+
+# Reading the store
+
+
+def read_store(store):
+    """The raw keys of one look: {"fence", "owners", "records"}; raises when the store fails.
+
+    fence: the fence key's value (bytes) or None; owners: [(scope, value, seconds left on
+    its lease or None without one)]; records: [(record key, value)].
+    """
+    fence = store.client.get(store.key("fence"))
+    owners_prefix = store.key("owners", "")
+    owners = []
+    for kv in store.client.get_prefix(owners_prefix):
+        left = store.client.lease_ttl(kv.lease) if kv.lease else None
+        owners.append((kv.key[len(owners_prefix) :], kv.value, left))
+    records_prefix = store.key("rollouts", "")
+    records = [
+        (kv.key[len(records_prefix) :], kv.value) for kv in store.client.get_prefix(records_prefix)
+    ]
+    return {"fence": None if fence is None else fence.value, "owners": owners, "records": records}
+
+
+def collect(store):
+    """store_state() of one look at the store, or {"up": False, "error"} when it failed."""
+    try:
+        return store_state(read_store(store))
+    except FleetError as exc:  # StoreUnavailable, or the store refused (permission denied)
+        return {"up": False, "error": exc.message}
+
+
+# What the keys say (pure)
+
+
+def _json(value):
+    return json.loads(value.decode() if isinstance(value, bytes) else value)
+
+
+def _fence_epoch(value):
+    """The fence's epoch (0 without a fence), or None when the key holds something else."""
+    if value is None:
+        return 0
+    try:
+        fence = _json(value)
+    except ValueError:
+        return None
+    epoch = fence.get("epoch") if isinstance(fence, dict) else None
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        return None
+    return epoch
+
+
+def _owners_by_rollout(owners):
+    """({rollout_id: (seconds left, granted TTL)}, unreadable count).
+
+    An owner names the rollout it runs, not a wave: every wave of that rollout is owned.
+    Of two scopes held for one rollout, the lease with the most time left counts.
+    """
+    found, unreadable = {}, 0
+    for _scope, value, left in owners:
+        try:
+            holder = _json(value)
+        except ValueError:
+            unreadable += 1
+            continue
+        rollout_id = holder.get("rollout_id") if isinstance(holder, dict) else None
+        if not isinstance(rollout_id, str) or not rollout_id:
+            unreadable += 1
+            continue
+        remaining = -1 if left is None else left
+        granted = holder.get("ttl_s")
+        if isinstance(granted, bool) or not isinstance(granted, int):
+            granted = None
+        if rollout_id not in found or remaining > found[rollout_id][0]:
+            found[rollout_id] = (remaining, granted)
+    return found, unreadable
+
+
+def paused_since(record):
+    """Unix time of the pause the wave is in: its last pause transition (None: not paused).
+
+    A record paused without a pause transition (none is written that way) falls back to
+    its last change, so the wave is never exported as paused since the epoch.
+    """
+    if not record.get("paused"):
+        return None
+    at = record["updated_at"]
+    for entry in reversed(record["transitions"]):
+        if entry.get("action") == "pause":
+            at = entry["at"]
+            break
+    return parse_timestamp(at, "transitions[].at").timestamp()
+
+
+def wave_state(record_key, record, owners):
+    """The exported view of one wave's decoded record; owners from _owners_by_rollout."""
+    rollout_id, wave = validate_record_key(record_key).split("/", 1)
+    outcome = record["outcome"]
+    state = {"rollout_id": rollout_id, "wave": wave, "outcome": outcome}
+    if outcome in rollout.FINISHED:
+        return state
+    paused = record.get("paused") is True or outcome == "paused"
+    owner = owners.get(rollout_id)
+    taken = record.get("fence_epoch")
+    state.update(
+        running=outcome == "running" and not paused,
+        paused=paused,
+        paused_since=paused_since(record) if paused else None,
+        owned=owner is not None,
+        lease_remaining_s=owner[0] if owner else None,
+        lease_ttl_s=owner[1] if owner else None,
+        fence_epoch=taken if isinstance(taken, int) and not isinstance(taken, bool) else None,
+    )
+    return state
+
+
+def store_state(raw):
+    """What read_store()'s keys say: {up, fence_epoch, unreadable, waves: [wave_state]}."""
+    owners, unreadable = _owners_by_rollout(raw["owners"])
+    fence_epoch = _fence_epoch(raw["fence"])
+    if fence_epoch is None:
+        unreadable += 1
+    waves = []
+    for record_key, value in sorted(raw["records"]):
+        try:
+            record = rollout.decode_record(
+                value.decode() if isinstance(value, bytes) else value, record_key
+            )
+            waves.append(wave_state(record_key, record, owners))
+        except (FleetError, KeyError, IndexError, TypeError, ValueError, AttributeError):
+            unreadable += 1
+    return {"up": True, "fence_epoch": fence_epoch, "unreadable": unreadable, "waves": waves}
+
+
+# Rendering (pure)
+
+
+def _family(lines, name, samples):
+    """One gauge family with this exporter's HELP, in exposition.py's format."""
+    exposition._family(
+        lines,
+        name,
+        "gauge",
+        [exposition._sample(name, labels, value) for labels, value in samples],
+        _HELP[name],
+    )
+
+
+def render(state):
+    """The exposition text of a collect() result."""
+    lines = []
+    _family(lines, "zerolayer_rollout_store_up", [([], 1 if state["up"] else 0)])
+    if not state["up"]:
+        return "\n".join(lines) + "\n"
+    _family(lines, "zerolayer_rollout_store_unreadable_keys", [([], state["unreadable"])])
+    if state["fence_epoch"] is not None:
+        _family(lines, "zerolayer_rollout_store_fence_epoch", [([], state["fence_epoch"])])
+    waves = state["waves"]
+
+    def per_wave(name, value_of, only=lambda wave: True, extra=()):
+        samples = [
+            (
+                [("rollout_id", wave["rollout_id"]), ("wave", wave["wave"])]
+                + [(label, wave[label]) for label in extra],
+                value_of(wave),
+            )
+            for wave in waves
+            if only(wave)
+        ]
+        if samples:
+            _family(lines, name, samples)
+
+    def unfinished(wave):
+        return "running" in wave
+
+    per_wave("zerolayer_rollout_store_wave_info", lambda wave: 1, extra=("outcome",))
+    per_wave("zerolayer_rollout_store_wave_running", lambda w: 1 if w["running"] else 0, unfinished)
+    per_wave("zerolayer_rollout_store_wave_paused", lambda w: 1 if w["paused"] else 0, unfinished)
+    per_wave(
+        "zerolayer_rollout_store_wave_paused_since_timestamp_seconds",
+        lambda wave: wave["paused_since"],
+        lambda wave: unfinished(wave) and wave["paused_since"] is not None,
+    )
+    per_wave("zerolayer_rollout_store_wave_owned", lambda w: 1 if w["owned"] else 0, unfinished)
+    per_wave(
+        "zerolayer_rollout_store_wave_owner_lease_remaining_seconds",
+        lambda wave: wave["lease_remaining_s"],
+        lambda wave: unfinished(wave) and wave["owned"],
+    )
+    per_wave(
+        "zerolayer_rollout_store_wave_owner_lease_ttl_seconds",
+        lambda wave: wave["lease_ttl_s"],
+        lambda wave: unfinished(wave) and wave["owned"] and wave["lease_ttl_s"] is not None,
+    )
+    per_wave(
+        "zerolayer_rollout_store_wave_fence_epoch",
+        lambda wave: wave["fence_epoch"],
+        lambda wave: unfinished(wave) and wave["fence_epoch"] is not None,
+    )
+    return "\n".join(lines) + "\n"
+
+
+# Settings
+
+
+def store_from_config(path, timeout=None):
+    """The rollout store as a store.json names it (the nodes' layout: endpoints, ca, cert,
+    key, user, password_file, prefix; timeout optional)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+        store_from_params,
+    )
+
+    try:
+        with open(path) as handle:
+            settings = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise StoreExporterError(
+            "store config %s cannot be read: %s" % (path, exc), {"field": "store_config"}
+        ) from None
+    if not isinstance(settings, dict):
+        raise StoreExporterError(
+            "store config %s must be a JSON object with the keys %s"
+            % (path, ", ".join(CONFIG_KEYS)),
+            {"field": "store_config"},
+        )
+    unknown = sorted(set(settings) - set(CONFIG_KEYS))
+    if unknown:
+        raise StoreExporterError(
+            "store config %s has unknown key(s) %s; allowed: %s"
+            % (path, ", ".join(unknown), ", ".join(CONFIG_KEYS)),
+            {"field": "store_config"},
+        )
+    if not settings.get("endpoints"):
+        raise StoreExporterError(
+            "store config %s names no endpoints (a list of https://host:port URLs)" % path,
+            {"field": "endpoints"},
+        )
+    names = {"ca": "ca_file", "cert": "cert_file", "key": "key_file"}
+    params = {names.get(key, key): value for key, value in settings.items()}
+    if timeout is not None:
+        params["timeout"] = timeout
+    return store_from_params(params)
+
+
+# HTTP server
+
+
+class StoreReader(exposition.LoggedReader):
+    """collect() of one store per scrape; a failure is logged when its reason changes."""
+
+    def __init__(self, store, log=None):
+        super().__init__(
+            lambda: collect(store), "rollout store not read", "rollout store read again", log
+        )
+        self.store = store
+
+
+def make_handler(read_state):
+    """The /metrics handler: render(read_state()) on every GET of /metrics or /."""
+    from http.server import BaseHTTPRequestHandler
+
+    class StoreMetricsHandler(BaseHTTPRequestHandler):
+        server_version = "zerolayer-store-exporter"
+
+        def do_GET(self):
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self._reply(404, "text/plain; charset=utf-8", "not found; try /metrics\n")
+                return
+            try:
+                body = render(read_state())
+            except Exception as exc:  # a scrape error must answer 500, not kill the server
+                message = getattr(exc, "message", None) or "%s: %s" % (type(exc).__name__, exc)
+                sys.stderr.write("scrape failed: %s\n" % message)
+                self._reply(500, "text/plain; charset=utf-8", "scrape failed: %s\n" % message)
+                return
+            self._reply(200, exposition.CONTENT_TYPE, body)
+
+        def _reply(self, status, content_type, body):
+            data = body.encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args):
+            """Scrapes every few seconds would flood the journal: stay quiet."""
+
+    return StoreMetricsHandler
+
+
+def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None):
+    """Serve /metrics until interrupted; ready(server) is called once it listens."""
+    server = exposition.metrics_server(address, port, make_handler(StoreReader(store)))
+    try:
+        if ready is not None:
+            ready(server)
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+def build_parser():
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="zerolayer-store-exporter",
+        description="Serve the rollout store's rollouts, owners and fence as Prometheus "
+        "metrics on /metrics.",
+    )
+    parser.add_argument(
+        "--store-config",
+        required=True,
+        help="JSON settings of the store client: endpoints, ca, cert, key, user, "
+        "password_file, prefix (written by the rollout_store role)",
+    )
+    parser.add_argument(
+        "--listen-address",
+        default=DEFAULT_ADDRESS,
+        help="IPv4 or IPv6 address to listen on (default %(default)s; 0.0.0.0 for all)",
+    )
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds each request to the store may take (default: the settings' timeout, "
+        "else 3); keep it below Prometheus' scrape timeout",
+    )
+    return parser
+
+
+def exporter_main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not 1 <= args.port <= 65535:
+        parser.error("--port must be a TCP port number from 1 to 65535; got %d" % args.port)
+    if args.timeout is not None and not args.timeout > 0:
+        parser.error("--timeout must be a number of seconds above 0; got %s" % args.timeout)
+    try:
+        serve(store_from_config(args.store_config, args.timeout), args.listen_address, args.port)
+    except (FleetError, OSError) as exc:
+        message = getattr(exc, "message", None) or str(exc)
+        sys.stderr.write("zerolayer-store-exporter: %s\n" % message)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,366 @@
+"""The rollout store's exposition: what the store's keys say per wave, and its text."""
+
+import datetime
+import http.client
+import json
+import re
+import shutil
+import subprocess
+import threading
+import types
+
+import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter as se
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
+SCHEDULE = [{"weight": 5, "hold": 60}, {"weight": 100, "hold": 0}]
+
+
+def record(rollout_id="chat-a:wave_canary", *steps):
+    planned, _changed, _note = r.plan(None, rollout_id, SCHEDULE, None, False, T0, "sre@ctl")
+    planned["fence_epoch"] = 3
+    for minutes, action, params in steps:
+        planned, _changed = r.apply(
+            planned, action, params, T0 + datetime.timedelta(minutes=minutes), "sre@ctl"
+        )
+    return planned
+
+
+def encoded(value):
+    return r.encode_record(value).encode()
+
+
+def owner(rollout_id="chat-a", ttl_s=30):
+    return json.dumps({"host": "ctl", "pid": 42, "rollout_id": rollout_id, "ttl_s": ttl_s}).encode()
+
+
+def raw(records=(), owners=(), fence=b'{"epoch": 4, "action": "fast"}'):
+    return {"fence": fence, "owners": list(owners), "records": list(records)}
+
+
+def store_key(*parts):
+    """RolloutStore.key of the default prefix, for stand-ins of a store."""
+    return "/zerolayer/" + "/".join(parts)
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} of an exposition text."""
+    found = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([a-z_:]+)(?:\{(.*)\})? (\S+)", line)
+        assert match, line
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
+        found[(match.group(1), labels)] = float(match.group(3))
+    return found
+
+
+def wave_labels(wave="wave_canary", rollout_id="chat-a", **more):
+    return frozenset({"rollout_id": rollout_id, "wave": wave, **more}.items())
+
+
+def test_running_wave_with_an_owner():
+    state = se.store_state(
+        raw([("chat-a/wave_canary", encoded(record()))], [("gpu_nodes", owner(), 27)])
+    )
+    assert state["up"] and state["fence_epoch"] == 4 and state["unreadable"] == 0
+    (wave,) = state["waves"]
+    assert wave == {
+        "rollout_id": "chat-a",
+        "wave": "wave_canary",
+        "outcome": "running",
+        "running": True,
+        "paused": False,
+        "paused_since": None,
+        "owned": True,
+        "lease_remaining_s": 27,
+        "lease_ttl_s": 30,
+        "fence_epoch": 3,
+    }
+    got = samples(se.render(state))
+    assert got[("zerolayer_rollout_store_up", frozenset())] == 1
+    assert got[("zerolayer_rollout_store_fence_epoch", frozenset())] == 4
+    assert got[("zerolayer_rollout_store_wave_info", wave_labels(outcome="running"))] == 1
+    assert got[("zerolayer_rollout_store_wave_running", wave_labels())] == 1
+    assert got[("zerolayer_rollout_store_wave_owned", wave_labels())] == 1
+    assert got[("zerolayer_rollout_store_wave_owner_lease_remaining_seconds", wave_labels())] == 27
+    assert got[("zerolayer_rollout_store_wave_owner_lease_ttl_seconds", wave_labels())] == 30
+    assert got[("zerolayer_rollout_store_wave_fence_epoch", wave_labels())] == 3
+    assert ("zerolayer_rollout_store_wave_paused_since_timestamp_seconds", wave_labels()) not in got
+
+
+def test_running_wave_whose_owner_is_gone():
+    text = se.render(se.store_state(raw([("chat-a/wave_canary", encoded(record()))])))
+    got = samples(text)
+    assert got[("zerolayer_rollout_store_wave_running", wave_labels())] == 1
+    assert got[("zerolayer_rollout_store_wave_owned", wave_labels())] == 0
+    assert "zerolayer_rollout_store_wave_owner_lease_remaining_seconds" not in text
+
+
+def test_an_owner_of_another_rollout_does_not_own_the_wave():
+    state = se.store_state(
+        raw([("chat-a/wave_canary", encoded(record()))], [("gpu_nodes", owner("chat-b"), 27)])
+    )
+    assert state["waves"][0]["owned"] is False
+
+
+def test_an_owner_whose_lease_expired_reads_minus_one():
+    state = se.store_state(
+        raw([("chat-a/wave_canary", encoded(record()))], [("gpu_nodes", owner(), -1)])
+    )
+    assert state["waves"][0]["owned"] is True
+    assert state["waves"][0]["lease_remaining_s"] == -1
+
+
+def test_of_two_scopes_for_one_rollout_the_longer_lease_counts():
+    state = se.store_state(
+        raw(
+            [("chat-a/wave_canary", encoded(record()))],
+            [("rack_a", owner(), 4), ("rack_b", owner(ttl_s=60), 55)],
+        )
+    )
+    assert (state["waves"][0]["lease_remaining_s"], state["waves"][0]["lease_ttl_s"]) == (55, 60)
+
+
+def test_paused_wave_says_since_when():
+    paused = record(
+        "chat-a:wave_canary",
+        (1, "stage_started", {"stage": 0}),
+        (2, "pause", {"reason": "look"}),
+        (3, "verdict", {"verdict": {"verdict": "pass"}}),
+    )
+    state = se.store_state(raw([("chat-a/wave_canary", encoded(paused))]))
+    (wave,) = state["waves"]
+    since = (T0 + datetime.timedelta(minutes=2)).timestamp()
+    assert (wave["outcome"], wave["running"], wave["paused"]) == ("paused", False, True)
+    assert wave["paused_since"] == since, "the pause, not the record's later change"
+    got = samples(se.render(state))
+    assert got[("zerolayer_rollout_store_wave_paused", wave_labels())] == 1
+    assert got[("zerolayer_rollout_store_wave_running", wave_labels())] == 0
+    assert (
+        got[("zerolayer_rollout_store_wave_paused_since_timestamp_seconds", wave_labels())] == since
+    )
+
+
+def test_the_latest_pause_counts_after_a_resume():
+    paused_again = record(
+        "chat-a:wave_canary",
+        (1, "pause", {}),
+        (2, "resume", {}),
+        (5, "pause", {}),
+    )
+    assert se.paused_since(paused_again) == (T0 + datetime.timedelta(minutes=5)).timestamp()
+    resumed = r.apply(paused_again, "resume", {}, T0, "sre@ctl")[0]
+    assert se.paused_since(resumed) is None
+
+
+def test_finished_waves_have_only_their_outcome():
+    done = record(
+        "chat-a:wave_canary",
+        (1, "stage_started", {"stage": 0}),
+        (2, "rolled_back", {"details": {"mode": "fast"}}),
+    )
+    state = se.store_state(raw([("chat-a/wave_canary", encoded(done))], [("g", owner(), 20)]))
+    assert state["waves"] == [
+        {"rollout_id": "chat-a", "wave": "wave_canary", "outcome": "rolled_back"}
+    ]
+    got = samples(se.render(state))
+    wave_series = {name for name, _labels in got if name.startswith("zerolayer_rollout_store_wave")}
+    assert wave_series == {"zerolayer_rollout_store_wave_info"}
+    assert got[("zerolayer_rollout_store_wave_info", wave_labels(outcome="rolled_back"))] == 1
+
+
+def test_no_fence_yet_is_epoch_zero():
+    state = se.store_state(raw(fence=None))
+    assert (state["fence_epoch"], state["unreadable"], state["waves"]) == (0, 0, [])
+    assert samples(se.render(state))[("zerolayer_rollout_store_fence_epoch", frozenset())] == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("records", ("verify", b"one")),
+        ("records", ("chat-a/wave_rest", b'{"format": 1}')),
+        ("records", ("chat-a/wave_rest", b"{")),
+        ("owners", ("gpu_nodes", b"not json", 10)),
+        ("owners", ("gpu_nodes", b'{"host": "ctl"}', 10)),
+        ("fence", b"7"),
+        ("fence", b'{"epoch": "4"}'),
+    ],
+)
+def test_a_key_it_does_not_understand_is_counted_and_the_rest_exported(bad):
+    where, value = bad
+    keys = raw([("chat-a/wave_canary", encoded(record()))], [("gpu_nodes", owner(), 27)])
+    if where == "fence":
+        keys["fence"] = value
+    else:
+        keys[where].append(value)
+    state = se.store_state(keys)
+    assert state["unreadable"] == 1
+    assert [wave["wave"] for wave in state["waves"]] == ["wave_canary"]
+    text = se.render(state)
+    assert samples(text)[("zerolayer_rollout_store_unreadable_keys", frozenset())] == 1
+    assert ("zerolayer_rollout_store_fence_epoch" in text) is (where != "fence")
+
+
+def test_a_store_that_cannot_be_read_gives_only_up_zero():
+    def refused(_key):
+        raise FleetError("the rollout store cannot be reached (x: refused)")
+
+    unreachable = types.SimpleNamespace(client=types.SimpleNamespace(get=refused), key=store_key)
+    state = se.collect(unreachable)
+    assert state == {"up": False, "error": "the rollout store cannot be reached (x: refused)"}
+    assert se.render(state) == (
+        "# HELP zerolayer_rollout_store_up %s\n# TYPE zerolayer_rollout_store_up gauge\n"
+        "zerolayer_rollout_store_up 0\n" % se._HELP["zerolayer_rollout_store_up"]
+    )
+
+
+def test_label_values_are_escaped():
+    state = {
+        "up": True,
+        "fence_epoch": 0,
+        "unreadable": 0,
+        "waves": [{"rollout_id": "a", "wave": 'w"\\', "outcome": "completed"}],
+    }
+    assert 'wave="w\\"\\\\"' in se.render(state)
+
+
+def test_every_family_has_help_and_type():
+    state = se.store_state(
+        raw(
+            [
+                ("chat-a/wave_canary", encoded(record("x", (1, "pause", {})))),
+                ("chat-a/wave_rest", encoded(record())),
+            ],
+            [("gpu_nodes", owner(), 27)],
+        )
+    )
+    text = se.render(state)
+    families = set(re.findall(r"^# TYPE (\S+) gauge$", text, re.MULTILINE))
+    assert families == set(se._HELP), "every series is rendered for this state"
+    assert set(re.findall(r"^# HELP (\S+) ", text, re.MULTILINE)) == families
+
+
+def test_promtool_accepts_the_text():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed")
+    state = se.store_state(
+        raw(
+            [("chat-a/wave_canary", encoded(record("x", (1, "pause", {}))))],
+            [("gpu_nodes", owner(), 27)],
+        )
+    )
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=se.render(state),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_store_config_names_what_is_wrong(tmp_path):
+    path = tmp_path / "store.json"
+    path.write_text(json.dumps({"endpoints": ["https://127.0.0.1:2379"], "node": "x"}))
+    with pytest.raises(FleetError, match=r"unknown key\(s\) node; allowed: endpoints, ca"):
+        se.store_from_config(str(path))
+    path.write_text(json.dumps({"endpoints": []}))
+    with pytest.raises(FleetError, match="names no endpoints"):
+        se.store_from_config(str(path))
+    with pytest.raises(FleetError, match="cannot be read"):
+        se.store_from_config(str(tmp_path / "missing.json"))
+
+
+def test_store_config_builds_the_client(tmp_path):
+    password = tmp_path / "exporter.password"
+    password.write_text("s3cret\n")
+    path = tmp_path / "store.json"
+    path.write_text(
+        json.dumps(
+            {
+                "endpoints": ["http://127.0.0.1:2379"],
+                "user": "zerolayer-store-exporter",
+                "password_file": str(password),
+                "prefix": "/zerolayer/",
+            }
+        )
+    )
+    store = se.store_from_config(str(path), timeout=1.5)
+    assert store.prefix == "/zerolayer/"
+    assert (store.client.user, store.client.password, store.client.timeout) == (
+        "zerolayer-store-exporter",
+        "s3cret",
+        1.5,
+    )
+
+
+def test_command_line_refuses_a_bad_port(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        se.exporter_main(["--store-config", "/nonexistent", "--port", "70000"])
+    assert stopped.value.code == 2
+    assert "--port must be a TCP port number from 1 to 65535" in capsys.readouterr().err
+
+
+def test_command_line_reports_a_bad_config(capsys, tmp_path):
+    assert se.exporter_main(["--store-config", str(tmp_path / "missing.json")]) == 1
+    assert "zerolayer-store-exporter: store config" in capsys.readouterr().err
+
+
+def test_reader_logs_a_failure_once_and_the_recovery():
+    logged = []
+    answers = iter([FleetError("down"), FleetError("down"), None])
+
+    def get(_key):
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+
+    client = types.SimpleNamespace(get=get, get_prefix=lambda _prefix: [])
+    reader = se.StoreReader(types.SimpleNamespace(client=client, key=store_key), logged.append)
+    assert [reader()["up"] for _scrape in range(3)] == [False, False, True]
+    assert logged == ["rollout store not read: down\n", "rollout store read again\n"]
+
+
+def test_http_server_answers_metrics_and_404(monkeypatch):
+    state = se.store_state(raw([("chat-a/wave_canary", encoded(record()))]))
+    ready = threading.Event()
+    servers = []
+
+    def started(server):
+        servers.append(server)
+        ready.set()
+
+    thread = threading.Thread(
+        target=se.serve,
+        args=(None, "127.0.0.1", 0),
+        kwargs={"ready": started},
+        daemon=True,
+    )
+    # serve() builds its reader from the store; a stand-in that returns the state is enough.
+    monkeypatch.setattr(se, "collect", lambda _store: state)
+    try:
+        thread.start()
+        assert ready.wait(10)
+        port = servers[0].server_address[1]
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("GET", "/metrics")
+        answer = connection.getresponse()
+        body = answer.read().decode()
+        assert answer.status == 200
+        assert answer.getheader("Content-Type") == se.exposition.CONTENT_TYPE
+        assert body == se.render(state)
+        connection.request("GET", "/other")
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 404
+        connection.close()
+    finally:
+        if servers:
+            servers[0].shutdown()
+        thread.join(10)
