@@ -114,3 +114,15 @@ def pytest_sessionfinish(session, exitstatus):
         else:
             print("ERROR: " + message)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def webhook_receiver():
+    """A webhook receiver on loopback (tests/webhook_receiver.py), closed after the test."""
+    from webhook_receiver import WebhookReceiver
+
+    receiver = WebhookReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()

@@ -16,6 +16,12 @@ description:
     decision and the hold time left.
   - A line when a stage's weight is confirmed (read back and measured), one per fast or deep
     rollback report, and at the end of the run a report of every wave's outcome.
+  - The final report ends with a short table, one row per wave and stage that ran, the same
+    table as C(zerolayer rollout report ID) prints (module_utils C(stage_table)), with the weight,
+    the measured split over the wave's nodes with its agreeing range (from the run's facts; the
+    rollout record does not keep it), the gate verdicts counted by kind with the last decision,
+    the time spent in the stage (paused time named) and how the stage ended. After
+    M(zerolayer.fleet.drill_report), the drill's own table (the client's split per stage) too.
   - It reads results only; it changes nothing and needs nothing from the playbooks beyond their
     usual tasks.
 version_added: 0.1.0
@@ -54,47 +60,36 @@ EXAMPLES = r"""
 # [zerolayer] wave wave_canary | stage 2/4 | weight 5% | split 4.8..5.3% (3 nodes)
 #   | route_decision_p99=pass success_rate=pass gpu_memory_spike=pass | pass -> continue
 #   | hold 3h12m left
+#
+# The end of the final report (one line per wave and stage, shortened here):
+# [zerolayer]   stages
+# [zerolayer]     WAVE         STAGE  WEIGHT  SPLIT                  RANGE       VERDICTS ...
+# [zerolayer]     wave_canary  1/4        1%  0.96..1.12% (3 nodes)  0.50-1.60%  pass 40 ...
 """
 
 # ansible-doc reads DOCUMENTATION and EXAMPLES before any import.
+import time  # noqa: E402
+
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (  # noqa: E402
+    format_seconds,
+    format_weight,
+    render_table,
+    rollout_rows,
+    unix,
+    wave_of,
+)
 
 ROLLOUT_STATE = "rollout_state"
 CANARY_GATE = "canary_gate"
+DRILL_REPORT = "drill_report"
 
 
 def short_action(task):
     """The module's short name, whatever way the task named it."""
     action = getattr(task, "resolved_action", None) or task.action or ""
     return action.rsplit(".", 1)[-1]
-
-
-def wave_of(rollout_id):
-    """canary.yml names each wave's record <rollout>:<wave>."""
-    if not rollout_id:
-        return "-"
-    rollout, _separator, wave = str(rollout_id).rpartition(":")
-    return wave if rollout else str(rollout_id)
-
-
-def format_seconds(value):
-    if value is None:
-        return "-"
-    seconds = round(float(value))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return "%dh%02dm" % (hours, minutes)
-    if minutes:
-        return "%dm%02ds" % (minutes, seconds)
-    return "%ds" % seconds
-
-
-def format_weight(value):
-    if value is None:
-        return "-"
-    number = float(value)
-    return ("%d%%" % number) if number.is_integer() else ("%s%%" % number)
 
 
 def format_split(split, per_node_limit):
@@ -133,6 +128,11 @@ class CallbackModule(CallbackBase):
         self.waves = {}
         self.split = {}
         self.rollbacks = []
+        # For the final table: each wave's latest record, its measured splits by stage index
+        # (the record does not keep them), and the drill's own tables.
+        self.records = {}
+        self.splits = {}
+        self.drill_tables = []
 
     # ------------------------------------------------------------ state
 
@@ -154,6 +154,17 @@ class CallbackModule(CallbackBase):
         wave.update(summary)
         if previous_stage != summary.get("stage_number"):
             self.split.pop(wave["wave"], None)
+        self._note_record(wave["wave"], result.get("record"))
+
+    def _note_record(self, name, record):
+        if not isinstance(record, dict) or not isinstance(record.get("transitions"), list):
+            return
+        known = self.records.get(name)
+        # A node's copy (action sync) can come in after a newer controller write.
+        if known is None or unix(record["updated_at"], "updated_at") >= unix(
+            known["updated_at"], "updated_at"
+        ):
+            self.records[name] = record
 
     def _note_split(self, facts):
         split = facts.get("_canary_measured_split")
@@ -167,6 +178,8 @@ class CallbackModule(CallbackBase):
         )
         name = current["wave"] if current else "-"
         self.split[name] = split
+        if current and isinstance(current.get("stage"), int):
+            self.splits.setdefault(name, {})[current["stage"]] = split
         stage = "%s/%s" % (current.get("stage_number", "?"), current.get("stage_count", "?"))
         off = sorted(node for node, entry in split.items() if not entry.get("ok"))
         self._line(
@@ -236,6 +249,8 @@ class CallbackModule(CallbackBase):
         action = short_action(result._task)
         if action == CANARY_GATE and "decision" in data:
             self._show_evaluation(data, final)
+        elif action == DRILL_REPORT and isinstance(data.get("table"), str):
+            self.drill_tables.append(((data.get("report") or {}).get("drill_id"), data["table"]))
         elif action == ROLLOUT_STATE:
             self._note_rollout_state(data)
         facts = data.get("ansible_facts")
@@ -258,7 +273,7 @@ class CallbackModule(CallbackBase):
         self._handle(result, final=True)
 
     def v2_playbook_on_stats(self, stats):
-        if not self.waves and not self.rollbacks:
+        if not self.waves and not self.rollbacks and not self.drill_tables:
             return
         self._line("report")
         for name, wave in sorted(self.waves.items()):
@@ -290,3 +305,16 @@ class CallbackModule(CallbackBase):
                     report.get("budget_s"),
                 )
             )
+        if self.records:
+            self._line("  stages")
+            try:
+                lines = render_table(rollout_rows(self.records, time.time(), self.splits))
+            except FleetError as exc:
+                # A record it cannot read must not hide the rest of the report.
+                lines = ["cannot tabulate the records: %s" % exc.message]
+            for line in lines:
+                self._line("    %s" % line)
+        for drill_id, table in self.drill_tables:
+            self._line("  drill %s" % drill_id)
+            for line in table.splitlines():
+                self._line("    %s" % line)

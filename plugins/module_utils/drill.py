@@ -6,7 +6,9 @@ each rollback took, and whether the drill passed.
 Inputs are files the drill already wrote (the load client's summary, the canary record,
 the two rollback reports) plus the drill's own event times; the router's counters come
 from Prometheus over the drill's window. Outputs: a JSON report, a JUnit XML file (one
-test case per check, so any CI shows the drill) and a PNG plot over time.
+test case per check, so any CI shows the drill), a PNG plot over time and the short
+per-stage table (stage_table.py: weight, the client's split with its agreeing range, gate
+verdicts, time), which the module returns and report.json keeps as stage_rows.
 Pure logic apart from reading and writing files; the plot needs matplotlib.
 """
 
@@ -21,6 +23,11 @@ import xml.etree.ElementTree as ET
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import write_text_atomic
+from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
+    render_table,
+    rollout_rows,
+    wave_of,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.traffic_split import split_verdict
 
 REPORT_FORMAT = 1
@@ -38,6 +45,8 @@ ROLLBACK_MODES = (
     ),
     ("deep", "finished_at", "trigger to every node's router removed and its proxy answering"),
 )
+# The default schedule's weights, and 50 for a drill's or a wave's own schedule.
+WEIGHT_TICKS = (0, 1, 5, 20, 50, 100)
 EVENT_LABELS = {
     "fast_rollback_started": "fast rollback",
     "fast_rollback_confirmed": "weight 0 confirmed",
@@ -171,7 +180,10 @@ def build_report(inputs, router_split=None):
     )
 
     stages = []
+    # The client's split per wave and stage, for the report's table.
+    client_splits = {}
     for record in inputs["canary_records"]:
+        wave_splits = client_splits.setdefault(wave_of(record["rollout_id"]), {})
         for window in stage_windows(record):
             if window["hold_from"] is None or window["hold_to"] is None:
                 continue
@@ -185,6 +197,7 @@ def build_report(inputs, router_split=None):
                 limits["split_sigmas"],
                 limits["split_floor_pct"],
             )
+            wave_splits[window["stage"]] = {"client": dict(verdict, connections=answered)}
             agreeing = "%s%% (%s-%s%%)" % (
                 window["weight"],
                 verdict["low_pct"],
@@ -299,6 +312,11 @@ def build_report(inputs, router_split=None):
             "failure_examples": summary.get("failure_examples", [])[:10],
         },
         "stages": stages,
+        "stage_rows": rollout_rows(
+            {wave_of(record["rollout_id"]): record for record in inputs["canary_records"]},
+            inputs["finished_at"],
+            client_splits,
+        ),
         "rollbacks": rollbacks,
         "events": events,
     }
@@ -377,7 +395,11 @@ def weight_steps(report):
     return steps
 
 
-def plot_png(report, summary, router_points, path):
+# Plot plumbing, shared with the rollout timeline (rollout_timeline.py)
+
+
+def load_pyplot(what, field, remedy=""):
+    """matplotlib's pyplot on the Agg backend (files only, no display), or FleetError."""
     try:
         import matplotlib
 
@@ -385,10 +407,60 @@ def plot_png(report, summary, router_points, path):
         import matplotlib.pyplot as plt
     except ImportError:
         raise FleetError(
-            "the drill's plot needs matplotlib on the controller (requirements.txt); "
-            "or set plot=false",
-            {"field": "plot"},
+            "%s needs matplotlib on the controller (requirements.txt)%s" % (what, remedy),
+            {"field": field},
         ) from None
+    return plt
+
+
+def style_weight_axis(axis):
+    """Percent of new connections on a scale where 1 % and 5 % stay visible beside 100 %."""
+    axis.set_ylabel("% of new connections to the engines")
+    axis.set_yscale("symlog", linthresh=1)
+    axis.set_ylim(0, 110)
+    axis.set_yticks(WEIGHT_TICKS, [str(tick) for tick in WEIGHT_TICKS])
+
+
+def mark_moment(axes, at, label, color="grey", ls=":"):
+    """A vertical line at `at` on every axis, its label written up the first one."""
+    for axis in axes:
+        axis.axvline(at, color=color, ls=ls, lw=1)
+    axes[0].annotate(
+        label,
+        (at, 1.0),
+        xycoords=("data", "axes fraction"),
+        rotation=90,
+        va="top",
+        ha="right",
+        fontsize=8,
+    )
+
+
+def save_png(plt, figure, path, field="path", dpi=100):
+    """Write the figure to path atomically (a temporary file in the same directory, then a
+    rename), so a reader never sees half a picture; the figure is closed either way."""
+    directory = os.path.dirname(path) or "."
+    try:
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".plot-", suffix=".png")
+    except OSError as error:
+        plt.close(figure)
+        raise FleetError(
+            "%s: cannot write the picture %s: %s" % (field, path, error.strerror),
+            {"field": field, "path": path},
+        ) from None
+    os.close(handle)
+    try:
+        figure.savefig(temporary, dpi=dpi)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    finally:
+        plt.close(figure)
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def plot_png(report, summary, router_points, path):
+    plt = load_pyplot("the drill's plot", "plot", "; or set plot=false")
     origin = report["started_at"]
     load_origin = summary["started_unix"] - origin
     seconds, shares, errors = client_series(summary)
@@ -415,20 +487,8 @@ def plot_png(report, summary, router_points, path):
         )
     bottom.plot([load_origin + s for s in seconds], errors, color="tab:red", label="failed %")
     for name, at in sorted(report["events"].items(), key=lambda item: item[1]):
-        for axis in (top, bottom):
-            axis.axvline(at - origin, color="grey", ls=":", lw=1)
-        top.annotate(
-            EVENT_LABELS.get(name, name),
-            (at - origin, 1.0),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            va="top",
-            ha="right",
-            fontsize=8,
-        )
-    top.set_ylabel("% of new connections to the engines")
-    top.set_yscale("symlog", linthresh=1)
-    top.set_ylim(0, 110)
+        mark_moment((top, bottom), at - origin, EVENT_LABELS.get(name, name))
+    style_weight_axis(top)
     top.legend(loc="upper left", fontsize=8)
     bottom.set_ylabel("failed requests %")
     bottom.set_xlabel("seconds since the drill started")
@@ -437,17 +497,7 @@ def plot_png(report, summary, router_points, path):
         "Rollback drill %s: %s" % (report["drill_id"], "passed" if report["passed"] else "FAILED")
     )
     figure.tight_layout()
-    directory = os.path.dirname(path) or "."
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".drill-", suffix=".png")
-    os.close(handle)
-    try:
-        figure.savefig(temporary, dpi=100)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    finally:
-        plt.close(figure)
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    save_png(plt, figure, path, field="output_dir")
 
 
 def router_split_function(client, selector, step_s):
@@ -560,6 +610,7 @@ def run(params, check_mode, client_factory=None):
         "changed": not check_mode,
         "passed": report["passed"],
         "report": report,
+        "table": "\n".join(render_table(report["stage_rows"])),
         "failed_checks": failed,
         "files": files,
     }

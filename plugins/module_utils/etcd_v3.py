@@ -218,10 +218,12 @@ class EtcdClient:
         kvs = answer.get("kvs") or []
         return KeyValue(kvs[0]) if kvs else None
 
-    def get_prefix(self, prefix):
-        answer = self.call(
-            "/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
-        )
+    def get_prefix(self, prefix, min_create_revision=0):
+        """Every KeyValue under prefix (created at min_create_revision or later, when given)."""
+        body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
+        if min_create_revision:
+            body["min_create_revision"] = str(int(min_create_revision))
+        answer = self.call("/v3/kv/range", body)
         return [KeyValue(raw) for raw in answer.get("kvs") or []]
 
     def revision(self, answer):
@@ -236,14 +238,20 @@ class EtcdClient:
     def delete(self, key):
         return int(self.call("/v3/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
 
-    def put_if(self, key, value, mod_revision, lease=0):
+    def put_if(self, key, value, mod_revision, lease=0, also=()):
         """Compare-and-swap: put only if key's mod_revision is still mod_revision (0: absent).
 
+        also: (key, value) pairs put in the same transaction, only when the swap succeeds.
         Returns (succeeded, current KeyValue or None when it failed).
         """
         put = {"key": _b64(key), "value": _b64(_encode(value))}
         if lease:
             put["lease"] = str(lease)
+        puts = [{"request_put": put}]
+        puts.extend(
+            {"request_put": {"key": _b64(other), "value": _b64(_encode(other_value))}}
+            for other, other_value in also
+        )
         answer = self.call(
             "/v3/kv/txn",
             {
@@ -255,7 +263,7 @@ class EtcdClient:
                         "mod_revision": str(int(mod_revision)),
                     }
                 ],
-                "success": [{"request_put": put}],
+                "success": puts,
                 "failure": [{"request_range": {"key": _b64(key)}}],
             },
         )

@@ -85,8 +85,12 @@ def beat(client, lease, runner, interval_s, sleep=time.sleep):
         sleep(interval_s)
 
 
-def start_detached(client, lease, runner, interval_s):
-    """Fork the heartbeat off, detached from the module's session and streams; its pid."""
+def run_detached(work):
+    """Fork work() off, detached from the caller's session and streams; its pid.
+
+    A module's caller waits for the module's streams to close, so the process closes them at
+    once; it runs until work returns, whatever becomes of the module.
+    """
     read_end, write_end = os.pipe()
     first = os.fork()
     if first:
@@ -107,6 +111,11 @@ def start_detached(client, lease, runner, interval_s):
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.chdir("/")
-        beat(client, lease, runner, interval_s)
+        work()
     finally:
         os._exit(0)
+
+
+def start_detached(client, lease, runner, interval_s):
+    """Fork the heartbeat off, detached from the module's session and streams; its pid."""
+    return run_detached(lambda: beat(client, lease, runner, interval_s))

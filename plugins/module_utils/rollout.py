@@ -41,6 +41,7 @@ ACTIONS = (
     "status",
     "stage_started",
     "weight_confirmed",
+    "split_measured",
     "hold_started",
     "verdict",
     "stage_completed",
@@ -212,6 +213,8 @@ def new_record(rollout_id, schedule, gates, now, actor):
         "stage": _stage_block(0),
         "completed_stages": [],
         "nodes": {},
+        # {stage index as text: {node: split_verdict result}}, what split_measured recorded.
+        "splits": {},
         "verdicts": [],
         "transitions": [
             {"action": "plan", "at": at, "by": actor, "stage": 0, "outcome": "running"}
@@ -521,6 +524,45 @@ def weight_confirmed(record, nodes, now, actor):
     return record, changed
 
 
+SPLIT_KEYS = ("ok", "measured_pct", "low_pct", "high_pct", "connections")
+
+
+def split_measured(record, splits, now, actor):
+    """Keep each node's measured split of the current stage (a split_verdict result each).
+
+    One transition names the nodes that are off (detail `off`), or every node when none is.
+    """
+    _require_active(record, "split_measured")
+    if not isinstance(splits, dict) or not splits:
+        raise FleetError(
+            "splits must be a non-empty dict: node name -> split_verdict result (%s); got %r"
+            % (", ".join(SPLIT_KEYS), splits),
+            {"field": "splits"},
+        )
+    kept = {}
+    for name, split in sorted(splits.items()):
+        field = "splits[%s]" % name
+        if name not in record["nodes"]:
+            raise FleetError(
+                "%s: node %s has no confirmed weight in this record (action=weight_confirmed "
+                "first)" % (field, name),
+                {"field": field},
+            )
+        if not isinstance(split, dict) or not isinstance(split.get("ok"), bool):
+            raise FleetError(
+                "%s must be a split_verdict result with ok (true or false); got %r"
+                % (field, split),
+                {"field": field},
+            )
+        kept[name] = {key: split.get(key) for key in SPLIT_KEYS}
+    record = copy.deepcopy(record)
+    index = record["stage"]["index"]
+    record.setdefault("splits", {})[str(index)] = kept
+    off = sorted(name for name, split in kept.items() if not split["ok"])
+    _transition(record, "split_measured", now, actor, nodes=off or sorted(kept), off=off)
+    return record, True
+
+
 def hold_started(record, now, actor):
     _require_active(record, "hold_started")
     status = record["stage"]["status"]
@@ -822,6 +864,8 @@ def apply(record, action, params, now, actor):
         return stage_started(record, params.get("stage"), now, actor)
     if action == "weight_confirmed":
         return weight_confirmed(record, params.get("nodes"), now, actor)
+    if action == "split_measured":
+        return split_measured(record, params.get("splits"), now, actor)
     if action == "hold_started":
         return hold_started(record, now, actor)
     if action == "verdict":

@@ -8,6 +8,9 @@
   zerolayer rollout promote ID [--full] [--wave W]
   zerolayer rollout abort ID [--reason TEXT] [-i INVENTORY]
   zerolayer rollout history ID
+  zerolayer rollout report ID [--png FILE] [--json]
+  zerolayer rollout events ID
+  zerolayer notifications show | set FILE | test
 
 The store is named by --store-config (a JSON file: endpoints, ca_file, cert_file, key_file,
 prefix), by $ZEROLAYER_STORE_CONFIG, or by --endpoints and the TLS options.
@@ -30,9 +33,19 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_ops
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    notify,
+    rollout_events,
+    rollout_ops,
+    rollout_timeline,
+    stage_table,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+    format_timestamp,
+    utc_now,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
     process_started_at,
 )
@@ -66,7 +79,7 @@ def build_parser():
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
     top = parser.add_subparsers(dest="noun", metavar="rollout", parser_class=_Parser)
     top.required = True
-    noun = top.add_parser("rollout", help="status, pause, resume, promote, abort, history")
+    noun = top.add_parser("rollout", help="status, pause, resume, promote, abort, history, report")
     verbs = noun.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
     verbs.required = True
 
@@ -94,6 +107,28 @@ def build_parser():
     )
     history = verbs.add_parser("history", help="who did what, when, why")
     history.add_argument("rollout_id")
+    report = verbs.add_parser(
+        "report", help="per wave and stage: weight, split, verdicts, time; --png: the timeline"
+    )
+    report.add_argument("rollout_id")
+    report.add_argument("--png", metavar="FILE", help="also draw the rollout's timeline to FILE")
+    # The same as -o json; SUPPRESS keeps a -o given before the noun when --json is absent.
+    report.add_argument(
+        "--json", dest="output", action="store_const", const="json", default=argparse.SUPPRESS
+    )
+    events = verbs.add_parser("events", help="the rollout's events, with the fleet's rollbacks")
+    events.add_argument("rollout_id")
+
+    sinks = top.add_parser("notifications", help="where rollout events are sent")
+    sink_verbs = sinks.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
+    sink_verbs.required = True
+    sink_verbs.add_parser("show", help="the sinks kept in the store (urls and headers hidden)")
+    set_sinks = sink_verbs.add_parser(
+        "set", help="replace the sinks with a JSON or YAML file's list"
+    )
+    set_sinks.add_argument("file")
+    send_test = sink_verbs.add_parser("test", help="send one test event to every sink")
+    send_test.add_argument("--wait", type=float, default=notify.DEFAULT_WAIT_S)
     return parser
 
 
@@ -125,6 +160,14 @@ def _actor():
     return "%s@%s" % (getpass.getuser(), socket.gethostname())
 
 
+def _split_note(row, node):
+    """(split 4.9%)" for a node whose split the current stage measured; OFF when outside."""
+    split = (row.get("splits") or {}).get(node)
+    if not split or split.get("measured_pct") is None:
+        return ""
+    return " (split %s%%%s)" % (split["measured_pct"], "" if split.get("ok") else " OFF")
+
+
 def render_status(report):
     fence = report["fence"]
     lines = [
@@ -150,7 +193,7 @@ def render_status(report):
     for rollout_id, waves in sorted(report["rollouts"].items()):
         for wave, row in waves.items():
             nodes = ", ".join(
-                "%s %s%%" % (node, entry.get("weight"))
+                "%s %s%%%s" % (node, entry.get("weight"), _split_note(row, node))
                 for node, entry in sorted(row["nodes"].items())
             )
             lines.append(
@@ -196,6 +239,82 @@ def _push_abort(inventories, epoch, reason):
     return subprocess.run(argv, check=False, stdout=sys.stderr, cwd=REPO).returncode
 
 
+def _read_sink_file(path):
+    import yaml  # a dependency of ansible-core, so always there beside this command
+
+    try:
+        with open(path) as handle:
+            return yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetError("cannot read %s: %s" % (path, exc), {"field": "file"}) from None
+
+
+def _sink_line(state):
+    cursor = state["cursor"]
+    line = "%-16s %-5s events=%s rollouts=%s delivered=%d failed=%d" % (
+        state["name"],
+        state["format"],
+        ",".join(state["events"]),
+        ",".join(state["rollouts"]),
+        cursor["delivered"],
+        cursor["failed"],
+    )
+    failure = cursor.get("last_failure")
+    if failure:
+        line += "; last failure: %s at %s: %s" % (
+            failure["type"],
+            failure.get("sent_at"),
+            failure.get("error"),
+        )
+    return line
+
+
+def _notifications(args, store):
+    if args.verb == "set":
+        sinks = notify.validate_sinks(_read_sink_file(args.file), "file %s" % args.file)
+        notify.write_sinks(store, sinks)
+    if args.verb in ("set", "show"):
+        states = notify.sink_states(store)
+        text = "\n".join(_sink_line(state) for state in states)
+        _emit(args, {"notifications": states}, text or "no notification sinks are set")
+        return EXIT_OK
+    probe = rollout_events.event(
+        "notification_test",
+        None,
+        format_timestamp(utc_now()),
+        _actor(),
+        reason="sent by zerolayer notifications test",
+    )
+    sent = notify.deliver([probe], notify.read_sinks(store), args.wait)
+    _emit(
+        args,
+        sent,
+        "delivered %d; failed: %s"
+        % (
+            sent["delivered"],
+            "; ".join("%s: %s" % (f["sink"], f.get("error")) for f in sent["failed"]) or "none",
+        ),
+    )
+    return EXIT_OK if not sent["failed"] else EXIT_OTHER
+
+
+def _report(args, store):
+    """report ID: the stage table (or with --json its rows and the timeline's series) from
+    the store's records; --png FILE also draws the timeline. Changes nothing."""
+    waves = rollout_ops.waves_of(store, args.rollout_id)
+    now = time.time()
+    rows = stage_table.rollout_rows(waves, now)
+    series = rollout_timeline.timeline(waves, now)
+    payload = {"rollout_id": args.rollout_id, "rows": rows, "timeline": series}
+    lines = stage_table.render_table(rows)
+    if args.png:
+        title = rollout_timeline.picture_title(args.rollout_id, series)
+        payload["png"] = rollout_timeline.draw_png(series, args.png, title)
+        lines.append("picture: %s" % args.png)
+    _emit(args, payload, "\n".join(lines))
+    return EXIT_OK
+
+
 def _emit(args, payload, text):
     if args.output == "json":
         sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
@@ -219,6 +338,8 @@ def run(argv):
             if not args.watch or (args.count and draws >= args.count):
                 return EXIT_OK
             time.sleep(args.interval)
+    if verb == "report":
+        return _report(args, store)
     if verb == "history":
         entries = rollout_ops.history(store, args.rollout_id)
         text = "\n".join(
@@ -228,12 +349,22 @@ def run(argv):
         )
         _emit(args, {"history": entries}, text)
         return EXIT_OK
+    if args.noun == "notifications":
+        return _notifications(args, store)
+    if verb == "events":
+        rollout_ops.waves_of(store, args.rollout_id)
+        entries = rollout_events.list_events(store, args.rollout_id)
+        text = "\n".join("%s  %s" % (e.get("at"), rollout_events.summary_line(e)) for e in entries)
+        _emit(args, {"events": entries}, text)
+        return EXIT_OK
     if verb == "abort":
         result = rollout_ops.abort(store, args.rollout_id, args.reason, _actor())
         status = EXIT_OK
         if args.inventory:
             result["push_rc"] = _push_abort(args.inventory, result["fence"]["epoch"], args.reason)
             status = EXIT_OK if result["push_rc"] == 0 else EXIT_PUSH_FAILED
+        # Told after the act, by the fleet's sender: a slow receiver holds nothing up.
+        result["notifications"] = notify.hand_off(store)
         _emit(
             args,
             result,
@@ -256,9 +387,10 @@ def run(argv):
         done = getattr(rollout_ops, verb)(
             store, args.rollout_id, args.reason, _actor(), wave=args.wave
         )
+    sent = notify.hand_off(store) if rollout_ops.events_of(done) else {"sender": "none needed"}
     _emit(
         args,
-        {"action": verb, "waves": done},
+        {"action": verb, "waves": done, "notifications": sent},
         "%s: %s" % (verb, ", ".join("%s %s" % (n, w["outcome"]) for n, w in sorted(done.items()))),
     )
     return EXIT_OK

@@ -70,6 +70,8 @@ def _wave_status(record, fence_epoch, now):
         taken is not None and taken < fence_epoch and record["outcome"] not in rollout.FINISHED
     )
     summary["nodes"] = record.get("nodes", {})
+    # The current stage's measured split per node, where the runner measured one.
+    summary["splits"] = (record.get("splits") or {}).get(str(record["stage"]["index"]), {})
     last = record["verdicts"][-1] if record["verdicts"] else {}
     summary["last_reason"] = last.get("reason")
     gates = last.get("gates") or {}
@@ -129,10 +131,15 @@ def _apply_to_waves(store, rollout_id, wave, action, reason, actor, choose):
         )
     done = {}
     for name, records, after, token, changed in planned:
-        if changed:
-            records.write(after, token)
-        done[name] = {"changed": changed, "outcome": after["outcome"]}
+        events = records.write(after, token) if changed else []
+        done[name] = {"changed": changed, "outcome": after["outcome"], "events": events}
     return done
+
+
+def events_of(waves):
+    """The events the writes of an action stored, every wave's, oldest first."""
+    found = [entry for wave in waves.values() for entry in wave.get("events") or []]
+    return sorted(found, key=lambda entry: entry.get("at") or "")
 
 
 def _active(_name, record):
@@ -210,11 +217,11 @@ def abort(store, rollout_id, reason, actor):
         records = StoreRecords(store, "%s/%s" % (rollout_id, name))
         record, token = records.read()
         if record["outcome"] in rollout.FINISHED:
-            marked[name] = {"changed": False, "outcome": record["outcome"]}
+            marked[name] = {"changed": False, "outcome": record["outcome"], "events": []}
             continue
         after, changed = rollout.apply(record, "abort", {"reason": reason}, now, actor)
-        records.write(after, token)
-        marked[name] = {"changed": changed, "outcome": after["outcome"]}
+        events = records.write(after, token)
+        marked[name] = {"changed": changed, "outcome": after["outcome"], "events": events}
     return {"fence": fence, "waves": marked}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_events
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
@@ -45,7 +45,9 @@ class FileRecords:
         return rollout.read_record(self.where), None
 
     def write(self, record, _token):
+        """Returns no events: a file has no history but the record's own transitions."""
         rollout.write_record(self.where, record)
+        return []
 
 
 class StoreRecords:
@@ -57,21 +59,43 @@ class StoreRecords:
 
     def __init__(self, store, record_key, mirror=None):
         self.store = store
-        self.where = store.key("rollouts", validate_record_key(record_key))
+        self.record_key = validate_record_key(record_key)
+        self.where = store.key("rollouts", self.record_key)
         self.mirror = mirror
+        # What read() last returned, so that write() can tell what changed: the events.
+        self._read = (None, None)
 
     def read(self):
         kv = self.store.client.get(self.where)
         if kv is None:
-            return None, 0
-        return rollout.decode_record(kv.value.decode(), self.where), kv.mod_revision
+            record, token = None, 0
+        else:
+            record, token = rollout.decode_record(kv.value.decode(), self.where), kv.mod_revision
+        self._read = (token, record)
+        return record, token
 
     def write(self, record, token):
-        done, current = self.store.client.put_if(self.where, rollout.encode_record(record), token)
+        """Compare-and-swap the record and put its events in the same transaction.
+
+        Returns the events written: what changed since the read at token.
+        """
+        read_token, before = self._read
+        if read_token != token:
+            # Worked out from a read elsewhere: what it replaces is the record at token, if
+            # that is still the stored one (otherwise the swap below fails anyway).
+            before, _current = self.read() if token else (None, 0)
+        events = rollout_events.record_events(self.record_key, before, record)
+        done, current = self.store.client.put_if(
+            self.where,
+            rollout.encode_record(record),
+            token,
+            also=rollout_events.record_event_keys(self.store, self.record_key, token, events),
+        )
         if done:
+            self._read = (None, None)
             if self.mirror:
                 rollout.write_record(self.mirror, record)
-            return
+            return events
         other = {}
         if current is not None:
             try:

@@ -235,6 +235,14 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+event:
+  description:
+    - The V(gate_verdicts_changed) event this evaluation stored (with O(record_key) and a store)
+      and handed to the sender of notifications, null when no gate's verdict changed.
+    - V(stored) false and V(error) when the store could not take it; V(notifications) is the
+      hand-off to the sender.
+  returned: when O(record_key) is given with a store
+  type: dict
 verdict:
   description: This evaluation's outcome, V(pass), V(fail) or V(hold).
   returned: always
@@ -369,12 +377,17 @@ history_reset:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_guard
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    notify,
+    rollout_events,
+    rollout_guard,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     MODULE_FAILURES,
     FleetError,
     fail_module,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
     evaluate_gates,
@@ -392,6 +405,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api imp
     PrometheusClient,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
+    default_actor,
     parse_duration,
     read_json_file,
     write_json_atomic,
@@ -517,7 +531,35 @@ def run(params, check_mode):
     }
     result.update(outcome)
     result["_diff"] = {"before": _counters(history), "after": _counters(updated)}
+    if store is not None and params.get("record_key") and not check_mode:
+        result["event"] = _tell_verdict_change(store, params, history, result, now)
     return result
+
+
+def _tell_verdict_change(store, params, history, result, now):
+    """A change of gate verdicts since the stage's previous evaluation, as an event.
+
+    Reported, never fatal: the hold's own decision does not wait on the history or its sinks.
+    """
+    recent = history.get("recent") or []
+    previous = recent[-1].get("gates") if recent else None
+    current = {gate["name"]: gate["verdict"] for gate in result["gates"]}
+    change = rollout_events.verdicts_changed(
+        params["record_key"],
+        params["stage"] + 1,
+        params["weight"],
+        previous,
+        dict(result, gates=current),
+        format_timestamp(now),
+        default_actor(),
+    )
+    if change is None:
+        return None
+    try:
+        rollout_events.emit(store, change)
+    except StoreUnavailable as exc:
+        return dict(change, stored=False, error=exc.message)
+    return dict(change, stored=True, notifications=notify.hand_off(store))
 
 
 def main():

@@ -150,9 +150,21 @@ passed:
   returned: always
   type: bool
 report:
-  description: The report written to C(report.json) - checks, requests, stages, rollbacks, events.
+  description: The report written to C(report.json) - checks, requests, stages, stage_rows (the
+    rows of RV(table)), rollbacks, events.
   returned: always
   type: dict
+table:
+  description:
+    - One line per wave and stage of the canary, a header first, as the progress callback
+      prints it at the end of the run, with the weight, the split the client saw with its
+      agreeing range, the gate verdicts, the time in the stage and how it ended.
+    - Its rows are C(stage_rows) in RV(report).
+  returned: always
+  type: str
+  sample: |-
+    WAVE       STAGE  WEIGHT  SPLIT   RANGE         VERDICTS           TIME  END
+    gpu_nodes  1/4        1%  1.00%   0.00-3.00%    pass 4 -> complete 60s   completed
 failed_checks:
   description: Names of the checks that failed, with what was measured and expected.
   returned: always

@@ -46,7 +46,8 @@ options:
     description:
       - V(plan) creates or loads the record; V(status) reads it and changes nothing.
       - V(stage_started) starts O(stage); V(weight_confirmed) records O(nodes)' read-back
-        generation and weight; V(hold_started) starts the stage's hold (kept if already set, so
+        generation and weight; V(split_measured) keeps each node's measured split of the stage
+        (O(splits)); V(hold_started) starts the stage's hold (kept if already set, so
         a resumed run holds only the remainder); V(verdict) appends a gate evaluation;
         V(stage_completed) closes the current stage.
       - V(pause) and V(resume) set and clear the pause flag; V(promote) ends the current stage's
@@ -56,7 +57,7 @@ options:
       - V(sync) writes O(record), a record read elsewhere (the controller's), to O(path).
     type: str
     required: true
-    choices: [plan, status, stage_started, weight_confirmed, hold_started, verdict,
+    choices: [plan, status, stage_started, weight_confirmed, split_measured, hold_started, verdict,
               stage_completed, pause, resume, promote, promote_full, abort, rolled_back,
               completed, sync]
   rollout_id:
@@ -100,6 +101,14 @@ options:
     description:
       - For O(action=weight_confirmed), node name to C(generation) (the route generation read
         back) and C(weight) (the weight read back, percent).
+    type: dict
+  splits:
+    description:
+      - For O(action=split_measured), node name to its measured split, a
+        P(zerolayer.fleet.split_verdict#filter) result (C(ok), C(measured_pct), C(low_pct),
+        C(high_pct), C(connections)). Every node must have a confirmed weight in the record.
+      - The transition names the nodes that are off; its event is V(split_off) when one is,
+        V(split_verified) otherwise.
     type: dict
   verdict:
     description:
@@ -267,10 +276,32 @@ lagging_nodes:
   returned: always
   type: list
   elements: str
+events:
+  description:
+    - The events this write stored in the rollout store with the record, in the same
+      transaction (type, at, rollout_id, wave, stage, weight, nodes, reason, actor, detail).
+      Empty without a store, or when nothing changed.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{type: paused, rollout_id: chat-2025-03-01, wave: canary, stage: 2, weight: 5}]
+notifications:
+  description:
+    - The events go to the notification sinks kept in the store (M(zerolayer.fleet.rollout_event)
+      O(action=configure)) through the fleet's one sender, started or found running here; the
+      write does not wait for the sends. V(sinks), V(sender) (V(started), V(running), V(none
+      needed) or V(not started) with V(error)).
+  returned: when events were written
+  type: dict
+  sample: {sinks: 2, sender: started, pid: 4242}
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_records
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    notify,
+    rollout,
+    rollout_records,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     MODULE_FAILURES,
     fail_module,
@@ -311,11 +342,12 @@ def run(params, check_mode):
             after, changed = before, False
         else:
             after, changed = rollout.apply(before, action, params, now, actor)
+    events = []
     if changed and not check_mode:
         if records is None:
             rollout.write_record(path, after)
         else:
-            records.write(after, token)
+            events = records.write(after, token)
     result = {
         "changed": changed,
         "record": after,
@@ -326,6 +358,9 @@ def run(params, check_mode):
     }
     if note is not None:
         result["note"] = note
+    result["events"] = events
+    if events:
+        result["notifications"] = notify.hand_off(records.store)
     return result
 
 
@@ -345,6 +380,7 @@ def main():
             take_epoch=dict(type="bool", default=False),
             stage=dict(type="int"),
             nodes=dict(type="dict"),
+            splits=dict(type="dict"),
             verdict=dict(type="dict"),
             reason=dict(type="str"),
             details=dict(type="dict"),
@@ -355,6 +391,7 @@ def main():
             ("action", "plan", ["rollout_id"]),
             ("action", "stage_started", ["stage"]),
             ("action", "weight_confirmed", ["nodes"]),
+            ("action", "split_measured", ["splits"]),
             ("action", "verdict", ["verdict"]),
             ("action", "sync", ["record", "path"]),
         ],

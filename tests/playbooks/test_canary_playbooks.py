@@ -111,6 +111,14 @@ def test_pass_path_to_full_weight_then_rerun_changes_nothing(fleet, records, bas
         assert kept["rollback"] is None
     for node in fleet.nodes:
         assert fleet.node_record(node)["outcome"] == "completed", node
+    # The report file: a row per wave and stage, with the split each stage measured.
+    report = json.loads((records / "report-pass.json").read_text())
+    assert [(row["wave"], row["weight"]) for row in report["stages"]] == [
+        ("wave_canary", 1), ("wave_canary", 5), ("wave_canary", 20), ("wave_canary", 100),
+        ("wave_rest", 20), ("wave_rest", 100)]  # fmt: skip
+    assert all(row["end"] == "completed" for row in report["stages"]), report["stages"]
+    measured = [row for row in report["stages"] if row["split"]]
+    assert measured and all(row["split"].get("measured_pct") for row in measured), measured
     # The progress callback printed one line per evaluation and the final report.
     assert "[zerolayer] wave wave_canary | stage 1/4 | weight 1%" in run.stdout
     assert "[zerolayer]   wave wave_rest: completed" in run.stdout

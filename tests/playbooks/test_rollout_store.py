@@ -240,3 +240,73 @@ def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest
     print("abort with one node unreachable: %.2f s for the whole command" % elapsed)
     wait_ended(runner, timeout=120)
     assert "fence epoch rose" in runner.log_path.read_text()
+
+
+SHORT = json.dumps({"canary_schedule": [{"weight": 5, "hold": 4}, {"weight": 100, "hold": 0}]})
+
+
+def wait_for_body(receiver, path, kind, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(body.get("type") == kind for body in receiver.bodies(path)):
+            return
+        time.sleep(0.2)
+    pytest.fail("no %s event reached %s within %d s: %s" % (
+        kind, path, timeout, [b.get("type") for b in receiver.bodies(path)]))  # fmt: skip
+
+
+def test_on_call_hears_the_canary_and_the_rollback_in_order_and_reads_no_failure(
+    fleet, records, baseline, store_config, load, webhook_receiver, tmp_path
+):
+    webhook_receiver.behaviour["/slow"] = {"delay_s": 2}
+    sinks = tmp_path / "sinks.json"
+    sinks.write_text(json.dumps([
+        {"name": "oncall", "url": webhook_receiver.url("/oncall")},
+        {"name": "chat", "url": webhook_receiver.url("/chat"), "format": "slack",
+         "events": ["stage_started", "completed", "fleet_rolled_back"]},
+        {"name": "slow", "url": webhook_receiver.url("/slow"), "timeout_s": 0.5, "attempts": 2},
+        {"name": "down", "url": "http://127.0.0.1:9/", "attempts": 2},
+    ]))  # fmt: skip
+    status, _shown, err = zerolayer(store_config, "notifications", "set", str(sinks))
+    assert status == 0, err
+    empty = tmp_path / "none.json"
+    empty.write_text("[]")
+    try:
+        client = load("oncall")
+        rollout_id = unique("oncall")
+        run = fleet.canary(rollout_id, records, "-e", SHORT)
+        assert run.returncode == 0, run.stdout[-6000:]
+        # What on-call reads: one progress line per gate evaluation, nothing that says FAILED,
+        # no line for each skipped task or included file (the quiet stdout callback).
+        assert [line for line in run.stdout.splitlines() if "FAILED" in line] == []
+        assert "[zerolayer] wave gpu_nodes | stage 1/2 | weight 5%" in run.stdout
+        assert "skipping: [" not in run.stdout and "included: " not in run.stdout
+        rolled = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
+        assert rolled.returncode == 0, rolled.stdout[-6000:]
+        no_failed_request(client)
+
+        wait_for_body(webhook_receiver, "/oncall", "fleet_rolled_back")
+        bodies = webhook_receiver.bodies("/oncall")
+        kinds = [body["type"] for body in bodies]
+        ours = [body for body in bodies if body["type"] != "fleet_rolled_back"]
+        assert {(b["rollout_id"], b["wave"]) for b in ours} == {(rollout_id, "gpu_nodes")}, ours
+        assert kinds[0] == "started" and kinds[-1] == "fleet_rolled_back", kinds
+        assert [b["weight"] for b in bodies if b["type"] == "stage_started"] == [5, 100], kinds
+        for kind in ("weight_confirmed", "split_verified", "gate_verdicts_changed", "hold_done"):
+            assert kind in kinds, kinds
+        assert kinds.index("completed") < kinds.index("fleet_rolled_back"), kinds
+        rollback = bodies[-1]
+        assert rollback["detail"]["mode"] == "fast" and rollback["detail"]["seconds"] > 0
+        assert sorted(rollback["nodes"]) == sorted(fleet.nodes) and rollback["reason"]
+        chat = webhook_receiver.bodies("/chat")
+        assert [b["text"].split(":")[0] for b in chat] == [
+            "stage started", "stage started", "completed", "fleet rolled back"]  # fmt: skip
+        # The sinks that are down or slow cost the acts nothing, and say what they missed.
+        status, shown, err = zerolayer(store_config, "notifications", "show")
+        assert status == 0, err
+        states = {state["name"]: state["cursor"] for state in shown["notifications"]}
+        assert states["oncall"]["failed"] == 0 and states["oncall"]["delivered"] == len(kinds)
+        assert states["down"]["failed"] > 0 and states["down"]["last_failure"]["error"]
+        print("on-call events, in order: %s" % " ".join(kinds))
+    finally:
+        zerolayer(store_config, "notifications", "set", str(empty))

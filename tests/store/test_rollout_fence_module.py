@@ -1,35 +1,13 @@
 """rollout_fence through Ansible against a real etcd: raise and count in one call, the count's
 rules, and bad input refused with the field named."""
 
-import json
-import os
-import subprocess
-
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from .adhoc import run_module
 
 
 def rollout_fence(etcd_url, prefix, **args):
-    """One ad hoc run of the module on localhost; its result."""
-    env = dict(
-        os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"
-    )
-    argv = [
-        os.path.join(REPO, ".venv", "bin", "ansible"),
-        "localhost", "-i", "localhost,", "-c", "local",
-        "-e", "ansible_python_interpreter=/usr/bin/python3",
-        "-m", "zerolayer.fleet.rollout_fence",
-        "-a", json.dumps(dict(args, endpoints=[etcd_url], prefix=prefix)),
-    ]  # fmt: skip
-    proc = subprocess.run(
-        argv, cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=120
-    )
-    try:
-        return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    except (ValueError, KeyError, IndexError):
-        pytest.fail("ansible printed no result (rc %d): %s %s" % (
-            proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:]))  # fmt: skip
+    return run_module("rollout_fence", etcd_url, prefix, **args)
 
 
 def test_raise_with_nodes_counts_their_acknowledgements_in_the_same_call(etcd_url, store):

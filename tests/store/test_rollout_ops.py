@@ -187,3 +187,21 @@ def test_status_watch_redraws_a_set_number_of_times(etcd_url, store):
                             "--count", "2")  # fmt: skip
     assert status == 0 and out.count("fence epoch") == 2
     assert io.StringIO(out).read().count("wave_canary") == 2
+
+
+def test_status_shows_each_node_with_the_split_its_stage_measured(store):
+    planted(store)
+    records = StoreRecords(store, "chat-a/wave_canary")
+    record, token = records.read()
+    read_back = {"weight": 1, "generation": 4}
+    confirmed = {"nodes": {"n1": read_back, "n2": read_back}}
+    record, _c = rollout.apply(record, "weight_confirmed", confirmed, T0, "runner")
+    agreeing = {"low_pct": 0.2, "high_pct": 2.5}
+    splits = {
+        "n1": dict(agreeing, ok=True, measured_pct=1.1),
+        "n2": dict(agreeing, ok=False, measured_pct=7.0),
+    }
+    record, _c = rollout.apply(record, "split_measured", {"splits": splits}, T0, "runner")
+    records.write(record, token)
+    text = rollout_cli.render_status(rollout_ops.status(store, "chat-a"))
+    assert "n1 1% (split 1.1%)" in text and "n2 1% (split 7.0% OFF)" in text, text

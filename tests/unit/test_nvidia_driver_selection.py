@@ -17,7 +17,13 @@ PLAYBOOK = os.path.join(ROOT, "molecule", "nvidia_driver", "package_selection.ym
 
 def run_selection(*extra):
     command = ["ansible-playbook", "-i", "localhost,", "-c", "local", PLAYBOOK, *extra]
-    environment = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    # The default output: the test counts the asserts' ok results, which the quiet one hides.
+    environment = dict(
+        os.environ,
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+    )
     return subprocess.run(
         command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600, check=False
     )
