@@ -570,31 +570,27 @@ class RolloutRecordReader(LoggedReader):
         self.path = path
 
 
-def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
-    """The /metrics handler; read_rollout_record (a RolloutRecordReader) adds the rollout."""
+def metrics_handler(body, server_version):
+    """An HTTP handler class that answers GET /metrics (or /) with body(), a scrape error
+    with 500 and its reason (the server lives on), anything else with 404."""
     from http.server import BaseHTTPRequestHandler
 
     class MetricsHandler(BaseHTTPRequestHandler):
-        server_version = "zerolayer-route-exporter"
-
         def do_GET(self):
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self._reply(404, "text/plain; charset=utf-8", "not found; try /metrics\n")
                 return
             try:
-                snapshot = collect_snapshot(layout)
-                if read_rollout_record is not None:
-                    snapshot["rollout"] = read_rollout_record()
-                body = render(snapshot)
+                text = body()
             except Exception as exc:  # a scrape error must answer 500, not kill the server
                 message = getattr(exc, "message", None) or "%s: %s" % (type(exc).__name__, exc)
                 sys.stderr.write("scrape failed: %s\n" % message)
                 self._reply(500, "text/plain; charset=utf-8", "scrape failed: %s\n" % message)
                 return
-            self._reply(200, CONTENT_TYPE, body)
+            self._reply(200, CONTENT_TYPE, text)
 
-        def _reply(self, status, content_type, body):
-            data = body.encode("utf-8")
+        def _reply(self, status, content_type, text):
+            data = text.encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
@@ -604,7 +600,20 @@ def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
         def log_message(self, format, *args):
             """Scrapes every few seconds would flood the journal: stay quiet."""
 
+    MetricsHandler.server_version = server_version
     return MetricsHandler
+
+
+def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
+    """The /metrics handler; read_rollout_record (a RolloutRecordReader) adds the rollout."""
+
+    def body():
+        snapshot = collect_snapshot(layout)
+        if read_rollout_record is not None:
+            snapshot["rollout"] = read_rollout_record()
+        return render(snapshot)
+
+    return metrics_handler(body, "zerolayer-route-exporter")
 
 
 def metrics_server(address, port, handler):

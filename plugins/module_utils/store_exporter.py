@@ -321,36 +321,7 @@ class StoreReader(exposition.LoggedReader):
 
 def make_handler(read_state):
     """The /metrics handler: render(read_state()) on every GET of /metrics or /."""
-    from http.server import BaseHTTPRequestHandler
-
-    class StoreMetricsHandler(BaseHTTPRequestHandler):
-        server_version = "zerolayer-store-exporter"
-
-        def do_GET(self):
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
-                self._reply(404, "text/plain; charset=utf-8", "not found; try /metrics\n")
-                return
-            try:
-                body = render(read_state())
-            except Exception as exc:  # a scrape error must answer 500, not kill the server
-                message = getattr(exc, "message", None) or "%s: %s" % (type(exc).__name__, exc)
-                sys.stderr.write("scrape failed: %s\n" % message)
-                self._reply(500, "text/plain; charset=utf-8", "scrape failed: %s\n" % message)
-                return
-            self._reply(200, exposition.CONTENT_TYPE, body)
-
-        def _reply(self, status, content_type, body):
-            data = body.encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format, *args):
-            """Scrapes every few seconds would flood the journal: stay quiet."""
-
-    return StoreMetricsHandler
+    return exposition.metrics_handler(lambda: render(read_state()), "zerolayer-store-exporter")
 
 
 def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None):

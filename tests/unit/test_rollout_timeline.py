@@ -2,27 +2,12 @@
 makes of the weight line, the markers, the pause spans and the stop lines. Records are made
 with the rollout module's own actions; times are minutes from T0."""
 
-import datetime
-
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_timeline as tl
+from rollout_steps import ME, T0, act, at, unix
 
-T0 = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
-ME = "runner@ctl"
 SCHEDULE = [{"weight": 1, "hold": 600}, {"weight": 20, "hold": 600}, {"weight": 100, "hold": 0}]
-
-
-def at(minutes):
-    return T0 + datetime.timedelta(minutes=minutes)
-
-
-def unix(minutes):
-    return at(minutes).timestamp()
-
-
-def act(record, action, minutes, **params):
-    return r.apply(record, action, params, at(minutes), ME)[0]
 
 
 def planned(wave="wave_canary", minutes=0):

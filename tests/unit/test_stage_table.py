@@ -1,27 +1,12 @@
 """The per-wave, per-stage table of the final reports (stage_table): rows from records made
 with the rollout module's own actions, the split merged in, and the text it renders."""
 
-import datetime
-
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import stage_table as t
+from rollout_steps import ME, act, at, unix
 
-T0 = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
-ME = "runner@ctl"
 SCHEDULE = [{"weight": 1, "hold": 600}, {"weight": 5, "hold": 600}, {"weight": 100, "hold": 0}]
-
-
-def at(minutes):
-    return T0 + datetime.timedelta(minutes=minutes)
-
-
-def unix(minutes):
-    return at(minutes).timestamp()
-
-
-def act(record, action, minutes, **params):
-    return r.apply(record, action, params, at(minutes), ME)[0]
 
 
 def gate(verdict, reason, decision="continue"):
