@@ -230,10 +230,7 @@ class EtcdClient:
         return int(answer.get("header", {}).get("revision", 0))
 
     def put(self, key, value, lease=0):
-        body = {"key": _b64(key), "value": _b64(_encode(value))}
-        if lease:
-            body["lease"] = str(lease)
-        return self.revision(self.call("/v3/kv/put", body))
+        return self.revision(self.call("/v3/kv/put", _put_request(key, value, lease)))
 
     def delete(self, key):
         return int(self.call("/v3/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
@@ -244,13 +241,9 @@ class EtcdClient:
         also: (key, value) pairs put in the same transaction, only when the swap succeeds.
         Returns (succeeded, current KeyValue or None when it failed).
         """
-        put = {"key": _b64(key), "value": _b64(_encode(value))}
-        if lease:
-            put["lease"] = str(lease)
-        puts = [{"request_put": put}]
+        puts = [{"request_put": _put_request(key, value, lease)}]
         puts.extend(
-            {"request_put": {"key": _b64(other), "value": _b64(_encode(other_value))}}
-            for other, other_value in also
+            {"request_put": _put_request(other, other_value)} for other, other_value in also
         )
         answer = self.call(
             "/v3/kv/txn",
@@ -353,6 +346,14 @@ class _Response:
     def close(self):
         self.response.close()
         self.connection.close()
+
+
+def _put_request(key, value, lease=0):
+    """The body of one put, alone (/v3/kv/put) or in a transaction (request_put)."""
+    body = {"key": _b64(key), "value": _b64(_encode(value))}
+    if lease:
+        body["lease"] = str(lease)
+    return body
 
 
 def _encode(value):
