@@ -325,6 +325,44 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     assert (report["budget_s"], report["within_budget"]) == (0, False)
 
 
+def test_a_role_run_after_a_rollback_raises_no_weight_unless_it_takes_the_epoch(
+    fleet, records, baseline
+):
+    """site.yml after a rollback cannot undo it; ebpf_router_epoch makes the raise on purpose."""
+    run = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
+    assert run.returncode == 0, run.stdout[-6000:]
+    node = fleet.nodes[0]
+    epoch = fleet.fence_epoch(node)
+    assert epoch > 0
+    pinned = [
+        dict(route, weight=5, pin_weight=True)
+        for route in fleet.node_vars[node]["ebpf_router_routes"]
+    ]
+    role_run = (
+        "site.yml",
+        "--tags",
+        "ebpf_router",
+        "--limit",
+        node,
+        "-e",
+        json.dumps({"ebpf_router_routes": pinned}),
+    )
+    # (weight_bp, generation) per route: any write to the route map moves the generation.
+    before = fleet.routes(node)
+
+    refused = fleet.playbook(*role_run)
+    assert refused.returncode != 0, refused.stdout[-4000:]
+    assert "carries epoch 0, older than this node's fence epoch %d" % epoch in refused.stdout, (
+        refused.stdout[-4000:]
+    )
+    assert fleet.routes(node) == before
+
+    taken = fleet.playbook(*role_run, "-e", "ebpf_router_epoch=%d" % epoch)
+    assert taken.returncode == 0, taken.stdout[-4000:]
+    assert fleet.routes(node)[fleet.route["name"]][0] == 500
+    assert fleet.fence_epoch(node) == epoch
+
+
 def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
     fleet.set_weight(100)
     # The watchers do the deep rollback and acknowledge it; the one stopped gets the push.
