@@ -114,6 +114,8 @@ def remove_everything(fleet, node):
         MPS_ENV,
         "/etc/systemd/system/zerolayer-mps@.service",
         "/usr/local/libexec/zerolayer/mps-control-send",
+        "/usr/local/libexec/zerolayer/mps-exclusive-mode",
+        "/usr/local/libexec/zerolayer/mps-pinned-mem-limits",
     ]
     for name in ENGINES:
         unit = "/etc/systemd/system/zerolayer-engine-%s" % name

@@ -18,13 +18,15 @@ SMI_STATE = "/var/lib/zerolayer-test-doubles/nvidia-smi-state.json"
 VOLATILE_FSTYPES = {"tmpfs", "ramfs", "devtmpfs"}
 
 INSTANCES = {
-    "engine-a": {"gpu": "0", "client_devices": "0", "limit": "40G", "threads": "50"},
+    "engine-a": {"gpus": ["0"], "client_devices": "0", "limit": "40G", "threads": "50"},
     "engine-b": {
-        "gpu": "GPU-4c1e9a52-7d0b-4f3e-9a61-2b8d5e0f7c13",
+        "gpus": ["GPU-4c1e9a52-7d0b-4f3e-9a61-2b8d5e0f7c13"],
         "client_devices": "GPU-4c1e9a52-7d0b-4f3e-9a61-2b8d5e0f7c13",
         "limit": "20480M",
         "threads": "25",
     },
+    # One daemon over a GPU set: its server renumbers GPUs 2 and 3 as devices 0 and 1.
+    "engine-c": {"gpus": ["2", "3"], "client_devices": "0,1", "limit": "30G", "threads": "75"},
 }
 
 
@@ -83,6 +85,8 @@ def test_engine_env_file(host, name):
         "CUDA_MPS_PIPE_DIRECTORY": "%s/%s/pipe" % (BASE, name),
         "CUDA_MPS_LOG_DIRECTORY": "%s/%s/log" % (BASE, name),
         "CUDA_VISIBLE_DEVICES": INSTANCES[name]["client_devices"],
+        # Indexes mean what nvidia-smi means by them (PCI bus order), not CUDA's fastest first.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     }
 
 
@@ -103,7 +107,7 @@ def test_daemon_started_with_its_gpu_only(host, name):
     events = read_jsonl(host, MPS_RECORD)
     starts = [e for e in events if e["event"] == "start" and e["pipe_dir"] == pipe_dir]
     assert starts, "the control daemon of %s never started" % name
-    assert starts[-1]["cuda_visible_devices"] == INSTANCES[name]["gpu"]
+    assert starts[-1]["cuda_visible_devices"] == ",".join(INSTANCES[name]["gpus"])
     assert starts[-1]["log_dir"] == "%s/%s/log" % (BASE, name)
 
 
@@ -113,8 +117,13 @@ def test_limits_sent_through_control_interface(host, name):
     events = [e for e in read_jsonl(host, MPS_RECORD) if e["pipe_dir"] == pipe_dir]
     last_start = max(i for i, e in enumerate(events) if e["event"] == "start")
     commands = [e for e in events[last_start:] if e["event"] == "command"]
+    # The memory limit once per device the server sees, then the thread share.
+    devices = range(len(INSTANCES[name]["gpus"]))
     assert [(c["command"], c["accepted"]) for c in commands] == [
-        ("set_default_device_pinned_mem_limit 0 %s" % INSTANCES[name]["limit"], True),
+        *[
+            ("set_default_device_pinned_mem_limit %d %s" % (d, INSTANCES[name]["limit"]), True)
+            for d in devices
+        ],
         ("set_default_active_thread_percentage %s" % INSTANCES[name]["threads"], True),
     ]
 
@@ -122,20 +131,21 @@ def test_limits_sent_through_control_interface(host, name):
 def test_gpus_in_exclusive_process_mode(host):
     state = json.loads(host.file(SMI_STATE).content_string)
     modes = [gpu["compute_mode"] for gpu in state["gpus"]]
-    assert modes == ["Exclusive_Process", "Exclusive_Process"]
+    assert modes == ["Exclusive_Process"] * 4
     set_calls = [c["argv"] for c in read_jsonl(host, SMI_RECORD) if "-c" in c["argv"]]
     for name, instance in INSTANCES.items():
-        assert ["-i", instance["gpu"], "-c", "EXCLUSIVE_PROCESS"] in set_calls, name
+        for gpu in instance["gpus"]:
+            assert ["-i", gpu, "-c", "EXCLUSIVE_PROCESS"] in set_calls, (name, gpu)
 
 
 def test_compute_mode_set_once_by_ansible(host):
     # The role queries first and sets only when needed; the unit's ExecStartPre sets it on
     # every start. So the ansible-side query must precede the first set for each GPU.
     calls = [c["argv"] for c in read_jsonl(host, SMI_RECORD)]
-    for instance in INSTANCES.values():
-        query = ["-i", instance["gpu"], "--query-gpu=compute_mode", "--format=csv,noheader"]
+    for gpu in [gpu for instance in INSTANCES.values() for gpu in instance["gpus"]]:
+        query = ["-i", gpu, "--query-gpu=compute_mode", "--format=csv,noheader"]
         assert query in calls
-        assert calls.index(query) < calls.index(["-i", instance["gpu"], "-c", "EXCLUSIVE_PROCESS"])
+        assert calls.index(query) < calls.index(["-i", gpu, "-c", "EXCLUSIVE_PROCESS"])
 
 
 def test_stop_sends_quit_and_start_reapplies_limits(host):

@@ -331,14 +331,19 @@ def test_vllm_unit_maps_the_spec_to_flags(host):
     assert props["TimeoutStartUSec"] == "30min"
     environment = props["Environment"].split()
     assert "VLLM_NO_USAGE_STATS=1" in environment
-    # The GPU and the MPS pipe come from the instance's file, not from Environment=.
-    assert not [pair for pair in environment if pair.startswith("CUDA_")], environment
+    # The weights were in place before the unit: the engine never downloads.
+    assert "HF_HUB_OFFLINE=1" in environment
+    # GPU indexes mean nvidia-smi's (PCI bus) order; the GPUs themselves and the MPS pipe
+    # come from the instance's file, not from Environment=.
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in environment
+    assert not [p for p in environment if p.startswith("CUDA_VISIBLE_DEVICES=")], environment
     assert "/etc/zerolayer/engines/llama_vllm/engine.env" in props["EnvironmentFiles"]
     assert "/etc/zerolayer/mps/llama_vllm.env" in props["EnvironmentFiles"]
     argv = exec_start(host, unit)
+    # The local model directory, served under the model's name, over the engine's two GPUs.
     assert (
-        "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm serve "
-        "meta-llama/Llama-3.1-8B-Instruct" in argv
+        "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm serve /srv/models/llama-tiny "
+        "--served-model-name meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size 2 " in argv
     )
     for flag in (
         "--port 8201",
@@ -402,13 +407,84 @@ def test_triton_unit_runs_the_container_with_the_gpu(host):
     assert io_weight["IOWeight"] == "50"
 
 
-def test_vllm_outside_mps_names_its_gpu(host):
+def test_vllm_outside_mps_names_its_gpu_set(host):
     unit = "zerolayer-engine-plain_vllm.service"
     props = unit_properties(host, unit, "Environment", "EnvironmentFiles", "Requires")
-    assert "CUDA_VISIBLE_DEVICES=3" in props["Environment"].split()
+    environment = props["Environment"].split()
+    assert "CUDA_VISIBLE_DEVICES=3,5" in environment
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in environment
+    assert "HF_HUB_OFFLINE=1" in environment
     assert "/etc/zerolayer/mps/" not in props["EnvironmentFiles"]
     assert "zerolayer-mps@" not in props["Requires"]
-    assert "--gpu-memory-utilization 0.9 " in exec_start(host, unit)
+    argv = exec_start(host, unit)
+    assert "--gpu-memory-utilization 0.9 " in argv
+    assert "--tensor-parallel-size 2 " in argv
+    assert (
+        "vllm serve /var/lib/zerolayer/engines/plain_vllm/weights "
+        "--served-model-name Qwen/Qwen2.5-0.5B-Instruct " in argv
+    )
+
+
+# -- weights: fetched by a task before the unit, never by the engine ------------------------
+
+HF_TOKEN = "hf_moleculeThrowawayToken0001"  # noqa: S105 - the scenario's throwaway token
+DOWNLOAD_LOG = "/var/lib/zerolayer/engines/plain_vllm/hf-download-double.log"
+PLAIN_WEIGHTS = "/var/lib/zerolayer/engines/plain_vllm/weights"
+
+
+def test_huggingface_token_is_a_private_file_of_the_engine_account(host):
+    token = host.file(SECRETS + "/huggingface-token")
+    assert (token.user, token.group, token.mode) == ("zerolayer-engine", "zerolayer-engine", 0o600)
+    with host.sudo():
+        assert token.content_string.strip() == HF_TOKEN
+    # Only the downloads read it: no engine unit names it.
+    for engine in ("llama_vllm", "plain_vllm"):
+        unit = host.file("/etc/systemd/system/zerolayer-engine-%s.service" % engine)
+        assert "huggingface-token" not in unit.content_string
+        assert HF_TOKEN not in unit.content_string
+
+
+def test_mirror_download_ran_once_as_the_engine_account_with_the_token_file(host):
+    """The download (a TEST DOUBLE of the venv's python) ran before the unit existed, as
+    the engine account, against the mirror, with the token by file, once across converge
+    and idempotence."""
+    lines = host.file(DOWNLOAD_LOG).content_string.splitlines()
+    uid = host.user("zerolayer-engine").uid
+    assert lines == [
+        "repo=Qwen/Qwen2.5-0.5B-Instruct revision=v1 local_dir=%s uid=%d"
+        " hf_endpoint=http://hf-mirror.invalid hf_token_path=%s/huggingface-token"
+        " token_readable=yes hf_hub_offline=" % (PLAIN_WEIGHTS, uid, SECRETS)
+    ]
+    assert HF_TOKEN not in host.file(DOWNLOAD_LOG).content_string
+    weights = host.file(PLAIN_WEIGHTS + "/config.json")
+    assert weights.user == "zerolayer-engine"
+    unit = host.file("/etc/systemd/system/zerolayer-engine-plain_vllm.service")
+    assert weights.mtime <= unit.mtime, "the unit was written before the weights were there"
+    marker = host.file(PLAIN_WEIGHTS + "/.zerolayer-model-source").content_string
+    assert json.loads(marker) == {
+        "kind": "mirror",
+        "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "revision": "v1",
+        "url": "http://hf-mirror.invalid",
+    }
+
+
+def test_multi_gpu_engine_joins_one_mps_instance_over_its_set(host):
+    env = host.file("/etc/zerolayer/mps/llama_vllm.env").content_string.splitlines()
+    # The MPS server renumbers GPUs 0 and 4 as devices 0 and 1.
+    assert "CUDA_VISIBLE_DEVICES=0,1" in env
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+    daemon_env = host.file("/etc/zerolayer/mps/llama_vllm.daemon.env").content_string.splitlines()
+    assert "CUDA_VISIBLE_DEVICES=0,4" in daemon_env
+    assert unit_properties(host, "zerolayer-mps@llama_vllm.service", "ActiveState") == {
+        "ActiveState": "active"
+    }
+    state = json.loads(
+        host.file("/var/lib/zerolayer-test-doubles/nvidia-smi-state.json").content_string
+    )
+    modes = {gpu["index"]: gpu["compute_mode"] for gpu in state["gpus"]}
+    assert modes[0] == modes[4] == "Exclusive_Process"
+    assert modes[3] == modes[5] == "Default"
 
 
 def test_vllm_joins_its_mps_instance(host):
@@ -553,7 +629,18 @@ def test_api_key_never_reaches_an_engine_command_line(host, vllm_double):
                 break
         assert time.monotonic() < deadline, "%s never ran its executable" % VLLM_UNIT
         time.sleep(0.5)
-    assert argv[argv.index(vllm_double) + 1 :][:2] == ["serve", "meta-llama/Llama-3.1-8B-Instruct"]
+    assert argv[argv.index(vllm_double) + 1 :][:6] == [
+        "serve",
+        "/srv/models/llama-tiny",
+        "--served-model-name",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--tensor-parallel-size",
+        "2",
+    ]
     assert not [arg for arg in argv if KEY in arg], argv
     # The key reaches the engine, by its environment.
     assert environment.get("VLLM_API_KEY") == KEY
+    # Offline, on the MPS server's two devices, numbered as nvidia-smi numbers GPUs.
+    assert environment.get("HF_HUB_OFFLINE") == "1"
+    assert environment.get("CUDA_VISIBLE_DEVICES") == "0,1"
+    assert environment.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
