@@ -25,8 +25,8 @@ NODE_IMAGE_PLATFORM = ("Debian", "bookworm")
 
 
 def minor(text):
-    major, minor_, *_ = text.split(".")
-    return int(major), int(minor_)
+    parts = text.split(".")
+    return int(parts[0]), int(parts[1])
 
 
 def claimed_lower_bound():

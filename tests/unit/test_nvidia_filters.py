@@ -164,6 +164,19 @@ class TestSmiCsv:
             {"index": "1", "mig.mode.current": None},
         ]
 
+    @pytest.mark.parametrize(
+        ("fixture", "disabled"),
+        [
+            ("query-gpu.index-persistence-mode.2gpu-enabled.rc0.txt", []),
+            ("query-gpu.index-persistence-mode.2gpu-one-disabled.rc0.txt", ["1"]),
+        ],
+    )
+    def test_persistence_mode(self, fixture, disabled):
+        # The nvidia_driver role's verify.yml fails on any GPU whose mode is not Enabled.
+        rows = nvidia.nvidia_smi_csv(recorded(fixture)["stdout"], ["index", "persistence_mode"])
+        assert len(rows) == 2
+        assert [row["index"] for row in rows if row["persistence_mode"] != "Enabled"] == disabled
+
     def test_wrong_field_count_names_the_line(self):
         with pytest.raises(AnsibleFilterError, match="line 1 has 6 values, expected 2"):
             nvidia.nvidia_smi_csv(

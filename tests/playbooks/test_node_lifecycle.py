@@ -1,0 +1,144 @@
+"""A driver change rolls through the sandbox fleet node by node, each node drained first.
+
+The NVIDIA driver is a TEST DOUBLE here (tests/playbooks/driver_doubles.yml: a signed local
+apt repository of dummy packages at two releases, a sysfs tree with one GPU, a recording
+update-initramfs, and a daemon restart standing in for the reboot, which would stop a
+container). Everything else is the product: site.yml with its batch of one, the
+nvidia_driver role's apt steps, node_drain's drain and undrain, the router, nginx and the
+engines, under load from every node's service port.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+
+FIRST = "550.127.05"
+NEXT = "550.144.03"
+ENGINE_UNIT = "zerolayer-engine-chat.service"
+# The role's settings that point it at the test doubles (see driver_doubles.yml).
+DRIVER_VARS = {
+    "nvidia_driver_branch": "550",
+    "nvidia_driver_cuda_repo_base_url": "file:///srv/zerolayer-test-doubles/cuda-repos",
+    "_nvidia_driver_test_double_root": "/var/lib/zerolayer-test-doubles/root-gpu",
+    "_nvidia_driver_test_double_reboot_command": "systemctl restart nvidia-persistenced.service",
+    "_nvidia_driver_test_double_boot_time_command": "cat /proc/sys/kernel/random/uuid",
+    "node_drain_timeout_s": 30,
+}
+
+
+def unit_times(fleet, node, since):
+    """(stopped, started) unix times of the engine unit's last stop and start since `since`."""
+    text = fleet.exec(
+        node,
+        "journalctl",
+        "--unit",
+        ENGINE_UNIT,
+        "--since",
+        "@%d" % int(since),
+        "--output",
+        "short-unix",
+        "--no-pager",
+    ).stdout
+    stopped = [float(line.split()[0]) for line in text.splitlines() if "Stopped " in line]
+    started = [float(line.split()[0]) for line in text.splitlines() if "Started " in line]
+    assert len(stopped) == 1 and len(started) == 1, (node, text)
+    return stopped[0], started[0]
+
+
+def installed_at(fleet, node, package="libcuda1"):
+    """(version, unix time dpkg last changed the package's file list); libcuda1 is the
+    package the role reads the installed driver version from on Debian."""
+    out = fleet.exec(
+        node, "dpkg-query", "-W", "-f", "${Version} ${db-fsys:Last-Modified}", package
+    ).stdout.split()
+    return out[0], float(out[1])
+
+
+@pytest.fixture
+def driver_doubles(fleet, tmp_path):
+    """The test doubles and the first release on every node; all removed afterwards."""
+    vars_file = tmp_path / "driver-vars.json"
+    vars_file.write_text(json.dumps(DRIVER_VARS))
+    common = (
+        "-e",
+        "@%s" % vars_file,
+        "-e",
+        "driver_first=%s" % FIRST,
+        "-e",
+        "driver_next=%s" % NEXT,
+        "-e",
+        "driver_build_dir=%s" % (tmp_path / "repo"),
+    )
+    try:
+        prepared = fleet.playbook(
+            "../tests/playbooks/driver_doubles.yml", "--tags", "prepare", *common
+        )
+        assert prepared.returncode == 0, prepared.stdout[-6000:]
+        yield vars_file
+    finally:
+        cleaned = fleet.playbook(
+            "../tests/playbooks/driver_doubles.yml", "--tags", "cleanup", *common
+        )
+        assert cleaned.returncode == 0, cleaned.stdout[-6000:]
+
+
+def test_a_driver_change_drains_each_node_in_turn_and_loses_no_request(
+    fleet, baseline, load, driver_doubles
+):
+    for node in fleet.nodes:
+        assert installed_at(fleet, node)[0] == FIRST + "-1", node
+    # Some of the traffic on the direct path, so the drain has a weight to take away and give back.
+    fleet.set_weight(20)
+    client = load("driver-change")
+    client.wait_for_more(100, "requests before the change")
+    started = time.time() - 1
+
+    run = fleet.playbook(
+        "site.yml",
+        "--tags",
+        "nvidia_driver",
+        "-e",
+        "@%s" % driver_doubles,
+        "-e",
+        "nvidia_driver_version=%s" % NEXT,
+    )
+    assert run.returncode == 0, run.stdout[-8000:]
+    client.wait_for_more(100, "requests after the change")
+    summary = client.stop()
+
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    windows = []
+    for node in fleet.nodes:
+        version, changed_at = installed_at(fleet, node)
+        stopped, restarted = unit_times(fleet, node, started)
+        # Drained before its change: the engine stopped before dpkg touched the driver, and
+        # came back only after it.
+        assert version == NEXT + "-1", node
+        assert stopped < changed_at < restarted, (node, stopped, changed_at, restarted)
+        windows.append((stopped, restarted, node))
+        # Undrained: the weight it had, the engine registered, the proxy home, no record left.
+        assert fleet.routes(node)[fleet.route["name"]][0] == 2000, node
+        assert all(route["slots"] for route in fleet.show(node)["routes"]), node
+        assert fleet.exec(
+            node, "test", "-e", "/var/lib/zerolayer/drain.json", check=False
+        ).returncode
+        assert "Drained" not in fleet.exec(node, "cat", "/etc/nginx/nginx.conf").stdout
+    # One node at a time: each node's engine was back before the next one's stopped.
+    windows.sort()
+    for (_, back, node), (gone, _, following) in zip(windows, windows[1:]):
+        assert back < gone, (node, following, windows)
+    print(
+        "driver change %s -> %s: %d requests (%d streams), 0 failed; engine down per node %s s"
+        % (
+            FIRST,
+            NEXT,
+            summary["requests_ok"],
+            summary["streams_completed"],
+            {node: round(back - gone, 1) for gone, back, node in windows},
+        )
+    )
