@@ -130,8 +130,8 @@ def test_a_driver_change_drains_each_node_in_turn_and_loses_no_request(
         assert "Drained" not in fleet.exec(node, "cat", "/etc/nginx/nginx.conf").stdout
     # One node at a time: each node's engine was back before the next one's stopped.
     windows.sort()
-    for (_, back, node), (gone, _, following) in zip(windows, windows[1:]):
-        assert back < gone, (node, following, windows)
+    for earlier, later in zip(windows, windows[1:]):
+        assert earlier[1] < later[0], (earlier[2], later[2], windows)
     print(
         "driver change %s -> %s: %d requests (%d streams), 0 failed; engine down per node %s s"
         % (
