@@ -220,11 +220,15 @@ class EtcdClient:
 
     def get_prefix(self, prefix, min_create_revision=0):
         """Every KeyValue under prefix (created at min_create_revision or later, when given)."""
+        return self.get_prefix_at(prefix, min_create_revision)[0]
+
+    def get_prefix_at(self, prefix, min_create_revision=0):
+        """(every KeyValue under prefix, the store's revision of that read)."""
         body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
         if min_create_revision:
             body["min_create_revision"] = str(int(min_create_revision))
         answer = self.call("/v3/kv/range", body)
-        return [KeyValue(raw) for raw in answer.get("kvs") or []]
+        return [KeyValue(raw) for raw in answer.get("kvs") or []], self.revision(answer)
 
     def revision(self, answer):
         return int(answer.get("header", {}).get("revision", 0))
@@ -235,10 +239,12 @@ class EtcdClient:
     def delete(self, key):
         return int(self.call("/v3/kv/deleterange", {"key": _b64(key)}).get("deleted", 0))
 
-    def put_if(self, key, value, mod_revision, lease=0, also=()):
+    def put_if(self, key, value, mod_revision, lease=0, also=(), unchanged_since=None):
         """Compare-and-swap: put only if key's mod_revision is still mod_revision (0: absent).
 
         also: (key, value) pairs put in the same transaction, only when the swap succeeds.
+        unchanged_since: (prefix, revision): and only if no key under prefix was written
+        after revision (a read of the prefix at that revision still holds).
         Returns (succeeded, current KeyValue or None when it failed).
         """
         puts = [{"request_put": _put_request(key, value, lease)}]
@@ -254,7 +260,8 @@ class EtcdClient:
                         "target": "MOD",
                         "result": "EQUAL",
                         "mod_revision": str(int(mod_revision)),
-                    }
+                    },
+                    *_unchanged_since(unchanged_since),
                 ],
                 "success": puts,
                 "failure": [{"request_range": {"key": _b64(key)}}],
@@ -346,6 +353,23 @@ class _Response:
     def close(self):
         self.response.close()
         self.connection.close()
+
+
+def _unchanged_since(read):
+    """The compare that a whole prefix read at a revision still holds: every key in its range
+    was last written at or before that revision (a key written since fails it)."""
+    if read is None:
+        return []
+    prefix, revision = read
+    return [
+        {
+            "key": _b64(prefix),
+            "range_end": _b64(prefix_end(prefix)),
+            "target": "MOD",
+            "result": "LESS",
+            "mod_revision": str(int(revision) + 1),
+        }
+    ]
 
 
 def _put_request(key, value, lease=0):

@@ -105,6 +105,56 @@ def runner_identity(rollout_id, pid=None, pid_started=None):
     }
 
 
+OVERLAP_READS = 5
+HOST_PATTERN = re.compile(r"\A[A-Za-z0-9_.:\[\]-]{1,255}\Z")
+
+
+def validate_hosts(hosts, field="hosts"):
+    """None, or the sorted distinct inventory host names of a scope."""
+    if hosts is None:
+        return None
+    if isinstance(hosts, (str, bytes)) or not isinstance(hosts, (list, tuple)) or not hosts:
+        raise FleetError(
+            "%s must be a non-empty list of inventory host names; got %r" % (field, hosts),
+            {"field": field},
+        )
+    for host in hosts:
+        if not isinstance(host, str) or not HOST_PATTERN.match(host):
+            raise FleetError(
+                "%s must hold inventory host names (letters, digits and _ . : [ ] -); got %r"
+                % (field, host),
+                {"field": field, "value": host},
+            )
+    return sorted(set(hosts))
+
+
+def _refuse_overlap(scope, hosts, owners, prefix):
+    """OwnerConflict when a scope under another name is held with hosts among these."""
+    wanted = set(hosts)
+    for kv in owners:
+        other_scope = kv.key[len(prefix) :]
+        if other_scope == scope:
+            continue
+        other = kv.json()
+        shared = sorted(wanted.intersection(other.get("hosts") or ()))
+        if shared:
+            raise OwnerConflict(
+                "scope %s overlaps scope %s, held by another runner: host %s, pid %s, rollout "
+                "%s, since %s; hosts in both: %s. One node has one rollout owner at a time; "
+                "nothing was changed."
+                % (
+                    scope,
+                    other_scope,
+                    other.get("host"),
+                    other.get("pid"),
+                    other.get("rollout_id"),
+                    other.get("since"),
+                    ", ".join(shared),
+                ),
+                {"field": "scope", "holder": other, "ttl_left_s": None, "overlap": shared},
+            )
+
+
 def _dead_here(holder, alive):
     """Whether holder is a runner of this host that no longer runs."""
     return (
@@ -266,21 +316,26 @@ class RolloutStore:
         holder["ttl_left_s"] = self.client.lease_ttl(kv.lease) if kv.lease else -1
         return holder
 
-    def acquire(self, scope, identity, ttl_s, alive=None, sleep=time.sleep):
+    def acquire(self, scope, identity, ttl_s, alive=None, sleep=time.sleep, hosts=None):
         """Take scope for identity on a new lease; OwnerConflict names the holder.
 
         A holder that is a dead runner of this same host (alive(pid, started) false) keeps
         the scope until its lease expires, as everyone can see; acquire waits for that (at
         most its TTL) instead of refusing, so a resume after a crash just works.
+
+        hosts, when given, are the scope's hosts: a scope under another name whose holder
+        named hosts that overlap them is refused too (two patterns, one node), and they are
+        kept with the holder for the scopes taken after it.
         """
         waited = 0.0
         limit = None
         while True:
             try:
-                return self._acquire_once(scope, identity, ttl_s)
+                return self._acquire_once(scope, identity, ttl_s, hosts)
             except OwnerConflict as conflict:
                 holder, left = conflict.details["holder"], conflict.details["ttl_left_s"]
-                if alive is None or not _dead_here(holder, alive):
+                # Only the same scope's dead holder is waited for, never an overlapping one.
+                if alive is None or "overlap" in conflict.details or not _dead_here(holder, alive):
                     raise
                 # The wait is bounded once, by the lease time left at the first conflict:
                 # etcd removes an expired lease's keys a moment after its TTL (seconds on a
@@ -293,19 +348,42 @@ class RolloutStore:
                 sleep(pause)
                 waited += pause
 
-    def _acquire_once(self, scope, identity, ttl_s):
+    def _acquire_once(self, scope, identity, ttl_s, hosts=None):
         scope = validate_scope(scope)
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or not 5 <= ttl_s <= 3600:
             raise FleetError(
                 "ttl must be whole seconds from 5 to 3600; got %r" % (ttl_s,),
                 {"field": "ttl", "value": ttl_s},
             )
-        lease = self.client.grant_lease(ttl_s)
-        holder = dict(identity, lease=lease, ttl_s=ttl_s)
-        done, current = self.client.put_if(self.key("owners", scope), holder, 0, lease=lease)
-        if done:
-            return holder
-        self.client.revoke_lease(lease)
+        hosts = validate_hosts(hosts)
+        for _attempt in range(OVERLAP_READS):
+            if hosts is not None:
+                owners, read_at = self.client.get_prefix_at(self.key("owners", ""))
+                _refuse_overlap(scope, hosts, owners, self.key("owners", ""))
+            lease = self.client.grant_lease(ttl_s)
+            holder = dict(identity, lease=lease, ttl_s=ttl_s)
+            if hosts is not None:
+                holder["hosts"] = hosts
+            # The owners read above must still hold: a scope taken meanwhile, under another
+            # name, may overlap this one (read again and decide again).
+            done, current = self.client.put_if(
+                self.key("owners", scope),
+                holder,
+                0,
+                lease=lease,
+                unchanged_since=(self.key("owners", ""), read_at) if hosts is not None else None,
+            )
+            if done:
+                return holder
+            self.client.revoke_lease(lease)
+            if current is not None:
+                break
+        else:
+            raise FleetError(
+                "scope %s: the owners in the store kept changing over %d reads; nothing was "
+                "changed, try again" % (scope, OVERLAP_READS),
+                {"field": "scope"},
+            )
         other = current.json() if current is not None else {}
         left = self.client.lease_ttl(current.lease) if current is not None and current.lease else -1
         raise OwnerConflict(

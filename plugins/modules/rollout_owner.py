@@ -34,6 +34,14 @@ options:
   rollout_id:
     description: The rollout this runner runs, shown to a second runner. Required to V(acquire).
     type: str
+  hosts:
+    description:
+      - The hosts of the scope (for a play, C(ansible_play_hosts_all)). Kept with the holder;
+        V(acquire) also refuses when a scope under another name is held with hosts among
+        these, naming that holder and the hosts in both.
+      - Left out, only the same scope name is checked.
+    type: list
+    elements: str
   ttl:
     description: Seconds the lease lives without a heartbeat; the heartbeat renews it every third.
     type: int
@@ -105,6 +113,7 @@ def main():
             action=dict(type="str", choices=["acquire", "release", "status"], default="status"),
             scope=dict(type="str", required=True),
             rollout_id=dict(type="str"),
+            hosts=dict(type="list", elements="str"),
             ttl=dict(type="int", default=30),
             lease=dict(type="int"),
             **store_options(),
@@ -127,6 +136,7 @@ def main():
             runner_identity(params["rollout_id"], *runner),
             params["ttl"],
             alive=heartbeat.alive,
+            hosts=params["hosts"],
         )
         pid = heartbeat.start_detached(store.client, holder["lease"], runner, params["ttl"] / 3.0)
     except MODULE_FAILURES as exc:

@@ -86,6 +86,53 @@ def test_a_second_runner_is_refused_naming_the_holder(store):
     assert store.acquire("gpu_nodes", runner_identity("chat-b", 2222), 10)["rollout_id"] == "chat-b"
 
 
+def test_a_scope_under_another_name_that_shares_a_node_is_refused(store):
+    fleet = ["node-01", "node-02", "node-03"]
+    mine = store.acquire("gpu_nodes", runner_identity("chat-a", 1111), 10, hosts=fleet)
+    assert store.owner("gpu_nodes")["hosts"] == fleet
+    with pytest.raises(OwnerConflict) as refused:
+        store.acquire("wave_canary", runner_identity("chat-b", 2222), 10, hosts=["node-01"])
+    message = refused.value.message
+    assert "overlaps scope gpu_nodes" in message and "rollout chat-a" in message
+    assert "hosts in both: node-01" in message
+    assert refused.value.details["overlap"] == ["node-01"]
+    assert store.owner("wave_canary") is None, "the refusal changed nothing"
+    # Disjoint hosts under another name are another owner's business.
+    other = store.acquire("gpu_b", runner_identity("chat-c", 3333), 10, hosts=["node-09"])
+    assert other["hosts"] == ["node-09"]
+    # Once the holder gives its scope up, the overlapping one can be taken.
+    store.release("gpu_nodes", mine["lease"])
+    assert store.acquire("wave_canary", runner_identity("chat-b", 2222), 10, hosts=["node-01"])
+
+
+def test_an_overlapping_scope_taken_between_the_read_and_the_write_is_seen(store, monkeypatch):
+    """The owners read must still hold at the write: a scope taken in between makes the
+    acquire read again, and refuse."""
+    read = store.client.get_prefix_at
+    raced = []
+
+    def read_then_someone_takes_gpu_nodes(prefix, *args):
+        answer = read(prefix, *args)
+        if not raced:
+            raced.append(True)
+            store.acquire("gpu_nodes", runner_identity("chat-a", 1111), 10, hosts=["node-01"])
+        return answer
+
+    monkeypatch.setattr(store.client, "get_prefix_at", read_then_someone_takes_gpu_nodes)
+    with pytest.raises(OwnerConflict) as refused:
+        store.acquire("wave_canary", runner_identity("chat-b", 2222), 10, hosts=["node-01"])
+    assert refused.value.details["overlap"] == ["node-01"]
+    assert store.owner("wave_canary") is None
+
+
+@pytest.mark.parametrize("hosts", [[], "node-01", ["node 01"], [7]])
+def test_bad_scope_hosts_name_the_field_and_take_nothing(store, hosts):
+    with pytest.raises(FleetError) as failed:
+        store.acquire("gpu_nodes", runner_identity("x"), 10, hosts=hosts)
+    assert failed.value.details["field"] == "hosts"
+    assert store.owner("gpu_nodes") is None
+
+
 @pytest.mark.parametrize(("scope", "ttl"), [("gpu nodes", 10), ("gpu_nodes", 2), ("", 10)])
 def test_bad_owner_input_names_the_field(store, scope, ttl):
     with pytest.raises(FleetError) as failed:
@@ -187,7 +234,7 @@ def test_a_lease_that_reads_expired_but_whose_key_etcd_has_not_removed_yet_is_wa
     dead_holder = {"host": socket.gethostname(), "pid": 1, "pid_started": 1}
     answers = iter([30, -1, -1, -1, None])  # seconds left at each try; None: free
 
-    def attempt(_scope, identity, _ttl):
+    def attempt(_scope, identity, _ttl, _hosts=None):
         left = next(answers)
         if left is None:
             return dict(identity, lease=7)
@@ -207,7 +254,7 @@ def test_a_dead_holder_whose_key_never_goes_is_given_up_on_after_its_ttl_and_10_
 ):
     dead_holder = {"host": socket.gethostname(), "pid": 1, "pid_started": 1}
 
-    def attempt(_scope, _identity, _ttl):
+    def attempt(_scope, _identity, _ttl, _hosts=None):
         raise OwnerConflict("held", {"field": "scope", "holder": dead_holder, "ttl_left_s": -1})
 
     monkeypatch.setattr(store, "_acquire_once", attempt)
