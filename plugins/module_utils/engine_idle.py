@@ -22,6 +22,11 @@ import re
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
+    TCP_ESTABLISHED,
+    socket_fds,
+    tcp_rows,
+)
 
 # The series that count requests in flight, by engine kind.
 IN_FLIGHT_SERIES = {
@@ -31,9 +36,7 @@ IN_FLIGHT_SERIES = {
     "triton": ("nv_inference_pending_request_count",),
 }
 KINDS = tuple(sorted(IN_FLIGHT_SERIES))
-TCP_ESTABLISHED = "01"
 PROC_NET_TCP = ("net/tcp", "net/tcp6")
-SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 
 
 def requests_in_flight(metrics_text, kind):
@@ -63,15 +66,12 @@ def requests_in_flight(metrics_text, kind):
 
 def established_by_inode(proc_net_texts):
     """{socket inode: local port} of the ESTABLISHED sockets in /proc/net/tcp and tcp6."""
-    found = {}
-    for text in proc_net_texts:
-        for line in text.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != TCP_ESTABLISHED:
-                continue
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            found[int(fields[9])] = local_port
-    return found
+    return {
+        inode: local_port
+        for text in proc_net_texts
+        for local_port, state, inode in tcp_rows(text)
+        if state == TCP_ESTABLISHED
+    }
 
 
 def pids_in_cgroup(group, proc="/proc"):
@@ -95,27 +95,8 @@ def pids_in_cgroup(group, proc="/proc"):
     return sorted(pids)
 
 
-def socket_inodes(pids, proc="/proc"):
-    """Inodes of the sockets the processes hold open (processes that ended are skipped)."""
-    inodes = set()
-    for pid in pids:
-        fd_dir = os.path.join(proc, str(pid), "fd")
-        try:
-            names = os.listdir(fd_dir)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        for name in names:
-            try:
-                match = SOCKET_LINK.match(os.readlink(os.path.join(fd_dir, name)))
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if match:
-                inodes.add(int(match.group(1)))
-    return inodes
-
-
-def client_connections(pids, service_ports, proc="/proc"):
-    """How many established connections the processes hold on one of the service ports."""
+def read_established(proc="/proc"):
+    """{socket inode: local port} of this netns's established TCP sockets, now."""
     texts = []
     for path in PROC_NET_TCP:
         try:
@@ -123,12 +104,22 @@ def client_connections(pids, service_ports, proc="/proc"):
                 texts.append(handle.read())
         except FileNotFoundError:
             continue
-    established = established_by_inode(texts)
+    return established_by_inode(texts)
+
+
+def client_connections(pids, service_ports, proc="/proc", established=None):
+    """How many established connections the processes hold on one of the service ports.
+
+    established: a read_established() answer to count against (read now when None)."""
+    if established is None:
+        established = read_established(proc)
     ports = set(service_ports)
-    return sum(1 for inode in socket_inodes(pids, proc) if established.get(inode) in ports)
+    return sum(
+        1 for pid in pids for inode in socket_fds(pid, proc) if established.get(inode) in ports
+    )
 
 
-def engine_left(engine, read_metrics, read_pids, proc="/proc"):
+def engine_left(engine, read_metrics, read_pids, proc="/proc", established=None):
     """{name, in_flight, connections, idle} of one engine now.
 
     engine: {name, kind, metrics_port, unit, service_ports}. A unit with no process left is
@@ -139,7 +130,7 @@ def engine_left(engine, read_metrics, read_pids, proc="/proc"):
         return {"name": engine["name"], "in_flight": 0, "connections": 0, "idle": True}
     text = read_metrics(engine["metrics_port"])
     in_flight = None if text is None else requests_in_flight(text, engine["kind"])
-    connections = client_connections(pids, engine["service_ports"], proc)
+    connections = client_connections(pids, engine["service_ports"], proc, established)
     return {
         "name": engine["name"],
         "in_flight": in_flight,
@@ -164,7 +155,11 @@ def wait_until_idle(
     """
     started = clock()
     while True:
-        left = [engine_left(engine, read_metrics, read_pids, proc) for engine in engines]
+        # One read of the netns's sockets a round, shared by every engine.
+        established = read_established(proc)
+        left = [
+            engine_left(engine, read_metrics, read_pids, proc, established) for engine in engines
+        ]
         waited = clock() - started
         if all(entry["idle"] for entry in left) or waited >= timeout_s:
             return {

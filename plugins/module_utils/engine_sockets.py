@@ -26,6 +26,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened_map,
     writer_lock,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
+    TCP_LISTEN,
+    socket_fds,
+    tcp_rows,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     FAMILIES_VALUE,
     MAX_SLOTS,
@@ -48,7 +53,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
 
 FAMILIES = {"inet": socket.AF_INET, "inet6": socket.AF_INET6}
 _PROC_NET_FILES = {"inet": "tcp", "inet6": "tcp6"}
-_TCP_LISTEN = "0A"
 _SO_COOKIE = 57
 _SO_PROTOCOL = 38
 _SO_DOMAIN = 39
@@ -77,32 +81,18 @@ def listening_inodes(pid, port, family=None):
         path = "/proc/%d/net/%s" % (pid, _PROC_NET_FILES[name])
         try:
             with open(path) as handle:
-                lines = handle.read().splitlines()[1:]
+                text = handle.read()
         except FileNotFoundError:
             continue  # no such process, or IPv6 disabled
-        for line in lines:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] == _TCP_LISTEN and fields[9] != "0":
-                found.append((name, int(fields[9])))
+        for local_port, state, inode in tcp_rows(text):
+            if local_port == port and state == TCP_LISTEN and inode != 0:
+                found.append((name, inode))
     return found
 
 
 def fd_of_inode(pid, inode):
     """The fd number under which pid holds socket inode, or None."""
-    target = "socket:[%d]" % inode
-    fd_dir = "/proc/%d/fd" % pid
-    try:
-        names = os.listdir(fd_dir)
-    except FileNotFoundError:
-        return None
-    for name in names:
-        try:
-            if os.readlink(os.path.join(fd_dir, name)) == target:
-                return int(name)
-        except OSError:
-            continue  # closed meanwhile
-    return None
+    return socket_fds(pid).get(inode)
 
 
 def wait_for_listener(pid, port, family=None, timeout=30.0):
