@@ -84,13 +84,13 @@ def _profile_problems(field, profile):
     has_gpu, has_gpus = "gpu" in profile, "gpus" in profile
     if has_gpu and has_gpus:
         return [
-            "%s: give either gpu (one GPU index, or null for kind sim) or gpus (a list of GPU"
-            " indexes), not both; gpu: N is gpus: [N]" % field
+            "%s: give either gpu (one GPU index, or null for kind sim or vllm on the CPU) or gpus"
+            " (a list of GPU indexes), not both; gpu: N is gpus: [N]" % field
         ]
     if not has_gpu and not has_gpus:
         return [
-            "%s must have gpu (one GPU index, or null for kind sim) or gpus (a list of GPU"
-            " indexes)" % field
+            "%s must have gpu (one GPU index, or null for kind sim or vllm on the CPU) or gpus"
+            " (a list of GPU indexes)" % field
         ]
     if has_gpu:
         gpu = profile["gpu"]

@@ -87,12 +87,13 @@ def test_engines_in_different_mps_instances_may_not_share_a_gpu():
         (
             {"gpu": 0, "gpus": [0]},
             "model_engine_services[0] (a).hardware_profile: give either gpu (one GPU index, or"
-            " null for kind sim) or gpus (a list of GPU indexes), not both; gpu: N is gpus: [N]",
+            " null for kind sim or vllm on the CPU) or gpus (a list of GPU indexes), not both;"
+            " gpu: N is gpus: [N]",
         ),
         (
             {},
             "model_engine_services[0] (a).hardware_profile must have gpu (one GPU index, or null"
-            " for kind sim) or gpus (a list of GPU indexes)",
+            " for kind sim or vllm on the CPU) or gpus (a list of GPU indexes)",
         ),
         (
             {"gpus": []},

@@ -2,6 +2,7 @@
 
 import datetime
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -344,6 +346,8 @@ def test_missing_key_file_stops_the_start(tmp_path):
         ("--error-rate", "1.5"),
         ("--max-concurrency", "0"),
         ("--time-to-first-token", "-1"),
+        ("--api-path", "/invocations"),
+        ("--api-path", "/v1/chat completions"),
     ],
 )
 def test_bad_flags_are_named(flag, value):
@@ -585,3 +589,219 @@ def test_tls_serves_completions_and_refuses_plain_http(engine_factory, certifica
         plain.close()
     # The failed handshake must not have disturbed the server.
     assert secure.chat()[0].status == 200
+
+
+# -- which paths are answered, on each arrival path -----------------------------------------
+
+# Paths vLLM serves without a key (its key check covers only /v1, /v2, /inference and
+# /cohere), the simulator's own operations paths, and API paths not on the allowlist.
+NEVER_SERVED_TO_CLIENTS = (
+    ("POST", "/invocations"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/load"),
+    ("GET", "/version"),
+    ("GET", "/docs"),
+    ("POST", "/v1/embeddings"),
+    ("GET", "/v1/models/"),
+    ("PUT", "/invocations"),
+)
+CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "three little words"}]}
+TEXT_BODY = {"model": MODEL, "prompt": "three little words"}
+API_REQUESTS = (
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/chat/completions", CHAT_BODY),
+    ("POST", "/v1/completions", TEXT_BODY),
+)
+
+
+def load_simulator():
+    spec = importlib.util.spec_from_file_location("zerolayer_engine_sim_under_test", SIMULATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class HandOver:
+    """The simulator's server in this process, and a second listening socket that hands
+    each connection it accepts to that server, as the router's sk_lookup program hands a
+    connection to the service port over to the engine's socket: the engine sees a
+    connection whose local port is the service port, not its own. Stands in for the
+    kernel's hand-over only; the simulator's code is the real one."""
+
+    def __init__(self, tmp_path):
+        simulator = load_simulator()
+        keys_file = tmp_path / "api-keys"
+        keys_file.write_text("\n".join(KEYS) + "\n")
+        keys_file.chmod(0o600)
+        config = simulator.parse_args(
+            [
+                *("--port", "0", "--model", MODEL, "--engine-name", "unit"),
+                *("--api-keys-file", str(keys_file), "--output-tokens", "3"),
+                *("--time-to-first-token", "0", "--inter-token-latency", "0"),
+            ]
+        )
+        self.server = simulator.EngineServer(config, None)
+        self.service = socket.create_server(("127.0.0.1", 0))
+        self.service.settimeout(0.2)
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True),
+            threading.Thread(target=self.hand_over, daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+        self.own_port = Engine(None, self.server.server_address[1], None, keys_file)
+        self.service_port = Engine(None, self.service.getsockname()[1], None, keys_file)
+
+    def hand_over(self):
+        while not self.stopping.is_set():
+            try:
+                connection, address = self.service.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self.server.process_request(connection, address)
+
+    def close(self):
+        self.stopping.set()
+        self.server.shutdown()
+        for thread in self.threads:
+            thread.join(timeout=START_TIMEOUT)
+        self.service.close()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def hand_over(tmp_path_factory):
+    running = HandOver(tmp_path_factory.mktemp("hand-over"))
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(("method", "path", "body"), API_REQUESTS)
+@pytest.mark.parametrize("arrival", ["service_port", "own_port"])
+def test_api_paths_need_a_key_on_both_arrival_paths(hand_over, arrival, method, path, body):
+    engine = getattr(hand_over, arrival)
+    response, payload = engine.request(method, path, body, key=None)
+    assert (response.status, payload) == (401, b'{"error":"Unauthorized"}')
+    assert engine.request(method, path, body, key="sk-not-a-key")[0].status == 401
+    response, payload = engine.request(method, path, body)
+    assert response.status == 200, payload
+    assert response.getheader("X-Zerolayer-Engine") == "simulator"
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/health"), ("GET", "/metrics")])
+@pytest.mark.parametrize("key", [None, KEYS[0]])
+def test_operations_paths_are_only_on_the_engines_own_port(hand_over, method, path, key):
+    assert hand_over.own_port.request(method, path, key=key)[0].status == 200
+    response, payload = hand_over.service_port.request(method, path, key=key)
+    assert response.status == 404
+    assert json.loads(payload)["code"] == 404
+    assert b"vllm:" not in payload
+
+
+@pytest.mark.parametrize(("method", "path"), NEVER_SERVED_TO_CLIENTS)
+@pytest.mark.parametrize("key", [None, KEYS[0]])
+@pytest.mark.parametrize("arrival", ["service_port", "own_port"])
+def test_other_paths_are_404_with_or_without_a_key(hand_over, arrival, key, method, path):
+    body = {"model": MODEL, "prompt": "hi"} if method != "GET" else None
+    response, payload = getattr(hand_over, arrival).request(method, path, body, key=key)
+    assert response.status == 404
+    assert response.getheader("Content-Type") == "application/json"
+    assert json.loads(payload)["type"] == "NotFoundError"
+
+
+def test_hand_over_is_counted_as_the_direct_path(hand_over):
+    """The requests above reached the engine on both arrival paths: its own /metrics tells
+    them apart by the path label, so the 404s on the service port were the hand-over's."""
+    assert hand_over.service_port.chat()[0].status == 200
+    assert hand_over.own_port.chat()[0].status == 200
+    text = hand_over.own_port.metrics()
+    for path in ("direct", "proxy"):
+        assert (
+            metric_value(
+                text, "http_requests_total", handler="/v1/chat/completions", status="2xx", path=path
+            )
+            >= 1
+        )
+    assert (
+        metric_value(text, "http_requests_total", handler="/metrics", status="4xx", path="direct")
+        >= 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [("GET", "/v1/chat/completions", "POST"), ("POST", "/v1/models", "GET, HEAD")],
+)
+def test_wrong_method_on_an_api_path_is_405_after_the_key(hand_over, method, path, allowed):
+    engine = hand_over.service_port
+    assert engine.request(method, path, CHAT_BODY, key=None)[0].status == 401
+    response, payload = engine.request(method, path, CHAT_BODY)
+    assert response.status == 405
+    assert response.getheader("Allow") == allowed
+    assert json.loads(payload)["code"] == 405
+
+
+def test_api_paths_come_from_the_command_line(engine_factory):
+    narrow = engine_factory("--api-path", "/v1/chat/completions")
+    assert narrow.chat(key=None)[0].status == 401
+    assert narrow.chat()[0].status == 200
+    for key in (None, KEYS[0]):
+        assert narrow.request("GET", "/v1/models", key=key)[0].status == 404
+        assert narrow.request("POST", "/v1/completions", TEXT_BODY, key=key)[0].status == 404
+    # The engine's own port still answers probes and Prometheus without a key.
+    assert narrow.request("GET", "/health", key=None)[0].status == 200
+    assert narrow.request("GET", "/metrics", key=None)[0].status == 200
+
+
+def test_default_api_paths_are_the_roles(engine):
+    for method, path, body in API_REQUESTS:
+        assert engine.request(method, path, body, key=None)[0].status == 401, path
+        assert engine.request(method, path, body)[0].status == 200, path
+    for method, path in NEVER_SERVED_TO_CLIENTS:
+        assert engine.request(method, path, {"prompt": "x"})[0].status == 404, path
+
+
+def test_text_completion(engine):
+    response, payload = engine.request(
+        "POST",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "four words of prompt", "max_tokens": 6},
+    )
+    assert response.status == 200
+    reply = json.loads(payload)
+    assert reply["object"] == "text_completion"
+    assert reply["id"].startswith("cmpl-")
+    assert "simulator" in reply["system_fingerprint"]
+    assert len(reply["choices"][0]["text"].split()) == 6
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    bad = engine.request("POST", "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]})
+    assert bad[0].status == 400
+
+
+def test_text_completion_stream(engine):
+    connection = engine.connection()
+    try:
+        connection.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({"model": MODEL, "prompt": "go", "stream": True, "max_tokens": 4}),
+            headers={"Authorization": "Bearer " + KEYS[0]},
+        )
+        response = connection.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type").startswith("text/event-stream")
+        events = list(read_events(response))
+    finally:
+        connection.close()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"text_completion"}
+    assert len("".join(chunk["choices"][0]["text"] for chunk in chunks).split()) == 4
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"

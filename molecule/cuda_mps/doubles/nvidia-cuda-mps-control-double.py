@@ -42,13 +42,26 @@ def log(line):
         handle.write("[%s] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), line))
 
 
-def daemon_running():
+def read_daemon_pid():
     try:
         with open(PID_FILE, encoding="ascii") as handle:
-            os.kill(int(handle.read().strip()), 0)
-        return True
+            return int(handle.read().strip())
     except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid):
+    if pid is None:
         return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def daemon_running():
+    return process_alive(read_daemon_pid())
 
 
 def answer(command_line):
@@ -61,9 +74,12 @@ def answer(command_line):
 
 def serve():
     def on_signal(number, _frame):
+        # End by the signal itself, as a daemon without a handler would: systemd counts
+        # SIGTERM during a stop as a clean end, an exit status of 1 as a failure.
         record("signal", signal=signal.Signals(number).name)
         cleanup()
-        os._exit(1)
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
 
     signal.signal(signal.SIGTERM, on_signal)
     with open(PID_FILE, "w", encoding="ascii") as handle:
@@ -125,6 +141,7 @@ def client():
         print("Cannot find MPS control daemon process", file=sys.stderr)
         return 1
     status = 0
+    daemon_pid = read_daemon_pid()
     for line in sys.stdin:
         command_line = line.strip()
         if not command_line:
@@ -142,8 +159,10 @@ def client():
             print(reply)
             status = 1
         if command_line == "quit":
+            # Return once the daemon process is gone, not only its pid file: systemd sends
+            # SIGTERM to whatever is left in the unit once this stop command returns.
             for _attempt in range(100):
-                if not daemon_running():
+                if not process_alive(daemon_pid):
                     break
                 time.sleep(0.1)
     return status

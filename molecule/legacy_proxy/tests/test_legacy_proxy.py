@@ -15,6 +15,37 @@ ENGINE_PORT = 8101
 CA = "/etc/nginx/zerolayer/tls.crt"
 ADMIN_FILE = "/etc/zerolayer/engines/chat_sim/sim-admin.json"
 UNAUTHORIZED = '{"error":"Unauthorized"}'
+NOT_FOUND = '{"error":{"message":"Not Found","type":"NotFoundError","code":404}}'
+# The role's default legacy_proxy_api_paths, with a request each.
+API_REQUESTS = {
+    "/v1/models": ("-X", "GET"),
+    "/v1/chat/completions": (
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"model":"zerolayer/sim-chat-8b","messages":[{"role":"user","content":"hi"}]}',
+    ),
+    "/v1/completions": (
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        '{"model":"zerolayer/sim-chat-8b","prompt":"hi"}',
+    ),
+}
+# Engine routes that are not the service's API: vLLM serves the first ones without a key
+# (its key check covers only /v1, /v2, /inference, /cohere), the simulator the last two.
+NOT_THE_API = (
+    "/invocations",
+    "/tokenize",
+    "/detokenize",
+    "/load",
+    "/version",
+    "/docs",
+    "/metrics",
+    "/health",
+    "/v1/embeddings",
+    "/v1/models/",
+)
 
 
 def request(host, port, path, *options, authorization=None):
@@ -186,3 +217,60 @@ def test_restart_brings_up_a_new_nginx_that_serves_at_once(host):
     owners = host.run("ss -Hltnp 'sport = :%d'" % SERVICE_PORT).stdout
     assert "pid=%s," % after["MainPID"] in owners, owners
     assert chat(host)[0] == 200
+
+
+@pytest.mark.parametrize("path", sorted(API_REQUESTS))
+def test_each_api_path_needs_a_key_and_is_forwarded_with_one(host, path):
+    status, headers, body = request(host, SERVICE_PORT, path, *API_REQUESTS[path])
+    assert (status, body) == (401, UNAUTHORIZED)
+    assert "x-zerolayer-engine" not in headers, "the proxy forwarded a request without a key"
+    status, headers, body = request(
+        host, SERVICE_PORT, path, *API_REQUESTS[path], authorization="Bearer " + KEYS[1]
+    )
+    assert status == 200, body
+    # Answered by the engine behind the proxy.
+    assert headers["x-zerolayer-engine"] == ["simulator"]
+    assert headers["x-zerolayer-path"] == ["proxy"]
+
+
+@pytest.mark.parametrize("path", NOT_THE_API)
+@pytest.mark.parametrize("key", [None, KEYS[0]])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_other_paths_are_404_and_never_forwarded(host, path, key, method):
+    authorization = None if key is None else "Bearer " + key
+    status, headers, body = request(
+        host, SERVICE_PORT, path, "-X", method, authorization=authorization
+    )
+    assert (status, body) == (404, NOT_FOUND)
+    assert headers["content-type"] == ["application/json"]
+    assert headers["x-zerolayer-path"] == ["proxy"]
+    # The engine's own answers carry this header: nginx answered alone.
+    assert "x-zerolayer-engine" not in headers
+
+
+def test_engine_is_sent_the_allowlisted_path_itself(host):
+    """nginx matches the normalised path; the engine gets that path, not the client's
+    spelling of it, which the engine would read as another route (a 404 there)."""
+    key = "Bearer " + KEYS[0]
+    status, headers, body = request(
+        host, SERVICE_PORT, "/invocations/../v1/models?x=1", "--path-as-is", authorization=key
+    )
+    assert status == 200, body
+    assert headers["x-zerolayer-engine"] == ["simulator"]
+    assert json.loads(body)["data"][0]["id"] == "zerolayer/sim-chat-8b"
+    status, headers, body = request(
+        host, SERVICE_PORT, "/v1/models/../../tokenize", "--path-as-is", authorization=key
+    )
+    assert (status, body) == (404, NOT_FOUND)
+
+
+def test_engine_port_serves_the_api_and_monitoring_only(host):
+    """The engine's own port (the proxy's and Prometheus' way in): the API behind the key,
+    /health and /metrics without one, nothing else."""
+    assert request(host, ENGINE_PORT, "/v1/models")[0] == 401
+    assert request(host, ENGINE_PORT, "/v1/models", authorization="Bearer " + KEYS[0])[0] == 200
+    status, _headers, body = request(host, ENGINE_PORT, "/metrics")
+    assert status == 200 and "vllm:num_requests_running" in body
+    assert request(host, ENGINE_PORT, "/health")[0] == 200
+    for path in ("/invocations", "/tokenize", "/docs"):
+        assert request(host, ENGINE_PORT, path, authorization="Bearer " + KEYS[0])[0] == 404

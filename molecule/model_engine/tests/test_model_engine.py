@@ -337,15 +337,22 @@ def test_vllm_unit_maps_the_spec_to_flags(host):
     # come from the instance's file, not from Environment=.
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in environment
     assert not [p for p in environment if p.startswith("CUDA_VISIBLE_DEVICES=")], environment
+    assert "PYTHONPATH=/usr/local/lib/zerolayer" in environment
+    assert "ZEROLAYER_ENGINE_PORT=8201" in environment
+    # GPU engines size their memory by --gpu-memory-utilization, not the CPU profile's KV space.
+    assert not [p for p in environment if p.startswith("VLLM_CPU_KVCACHE_SPACE=")], environment
     assert "/etc/zerolayer/engines/llama_vllm/engine.env" in props["EnvironmentFiles"]
     assert "/etc/zerolayer/mps/llama_vllm.env" in props["EnvironmentFiles"]
     argv = exec_start(host, unit)
     # The local model directory, served under the model's name, over the engine's two GPUs.
     assert (
         "/opt/zerolayer/engines/llama_vllm/venv/bin/vllm serve /srv/models/llama-tiny "
-        "--served-model-name meta-llama/Llama-3.1-8B-Instruct --tensor-parallel-size 2 " in argv
+        "--served-model-name meta-llama/Llama-3.1-8B-Instruct " in argv
     )
     for flag in (
+        "--tensor-parallel-size 2 ",
+        # Only the service's API paths answer (files/zerolayer_vllm_paths.py).
+        "--middleware zerolayer_vllm_paths.ServedPathsOnly",
         "--port 8201",
         "--max-num-seqs 128",
         "--max-model-len 8192",
@@ -634,9 +641,10 @@ def test_api_key_never_reaches_an_engine_command_line(host, vllm_double):
         "/srv/models/llama-tiny",
         "--served-model-name",
         "meta-llama/Llama-3.1-8B-Instruct",
-        "--tensor-parallel-size",
-        "2",
+        "--host",
+        "0.0.0.0",
     ]
+    assert "--tensor-parallel-size" in argv
     assert not [arg for arg in argv if KEY in arg], argv
     # The key reaches the engine, by its environment.
     assert environment.get("VLLM_API_KEY") == KEY

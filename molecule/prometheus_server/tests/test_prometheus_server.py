@@ -1,8 +1,10 @@
-"""Verify the prometheus_server role: a real Prometheus on node 1 scraping node 2.
+"""Verify the prometheus_server role: a real Prometheus on node 1 scraping nodes 2 and 3.
 
-Node 2's route exporter is a STAND-IN (python3 http.server serving a fixed metrics file
-in the exporter's metric names); its engine is the CPU engine simulator. Prometheus, its
-configuration, rules and scraping are real.
+The route exporters are STAND-INs (python3 http.server serving a fixed metrics file in the
+exporter's metric names). Node 2 has TLS on: its engine is the CPU engine simulator serving
+TLS with a throwaway self-signed certificate that names the node's address. Node 3 has TLS
+off and a Triton engine whose metrics port (listen_port + 1) is a STAND-IN serving a fixed
+file in Triton's names. Prometheus, its configuration, rules, TLS and scraping are real.
 """
 
 import json
@@ -20,7 +22,9 @@ testinfra_hosts = RUNNER.get_hosts("monitoring")
 REPO = pathlib.Path(__file__).resolve().parents[3]
 RULES = REPO / "files/prometheus/rules/zerolayer.rules.yml"
 API = "http://127.0.0.1:9090/api/v1"
-GPU_NODE = RUNNER.get_hosts("gpu_nodes")[0]
+TLS_NODE, PLAIN_NODE = sorted(RUNNER.get_hosts("gpu_nodes"))
+GPU_NODES = [TLS_NODE, PLAIN_NODE]
+ENGINE_CA = "/etc/prometheus/engine-tls-ca.pem"
 # Waiting for the first scrapes and rule evaluations is not a timing assertion: the
 # deadline only bounds how long a broken setup takes to report.
 DEADLINE_S = 120
@@ -67,34 +71,76 @@ def test_configuration_is_valid(host):
     assert "SUCCESS" in result.stdout + result.stderr
 
 
+def node_address(job_groups, node):
+    (group,) = [group for group in job_groups if group["labels"]["node"] == node]
+    return group["targets"][0].rsplit(":", 1)[0]
+
+
 def test_scrape_configuration_comes_from_the_inventory(host):
     config = yaml.safe_load(host.file("/etc/prometheus/prometheus.yml").content_string)
     assert config["global"]["scrape_interval"] == "2s"
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert sorted(jobs) == ["zerolayer-engines", "zerolayer-router"]
     router_groups = jobs["zerolayer-router"]["static_configs"]
-    engine_groups = jobs["zerolayer-engines"]["static_configs"]
-    assert [group["labels"] for group in router_groups] == [{"node": GPU_NODE}]
-    # The engine with state: present is installed but not running: not scraped.
-    assert [group["labels"] for group in engine_groups] == [
-        {"node": GPU_NODE, "engine": "chat_sim", "route": "chat"}
+    assert sorted(group["labels"]["node"] for group in router_groups) == GPU_NODES
+    addresses = {node: node_address(router_groups, node) for node in GPU_NODES}
+    for node in GPU_NODES:
+        assert addresses[node] != node, "the node's address should come from its facts"
+    engines = jobs["zerolayer-engines"]
+    # The engine with state: present is installed but not running: not scraped. Triton is
+    # scraped on its metrics port over plain HTTP; the TLS node's engine over https.
+    assert sorted(engines["static_configs"], key=lambda group: group["labels"]["node"]) == [
+        {
+            "targets": [addresses[TLS_NODE] + ":8101"],
+            "labels": {"node": TLS_NODE, "engine": "chat_sim", "route": "chat"},
+        },
+        {
+            "targets": [addresses[PLAIN_NODE] + ":8111"],
+            "labels": {
+                "node": PLAIN_NODE,
+                "engine": "embed_trt",
+                "route": "embed",
+                "__scheme__": "http",
+            },
+        },
     ]
-    address = router_groups[0]["targets"][0].rsplit(":", 1)[0]
-    assert router_groups[0]["targets"] == [address + ":9464"]
-    assert engine_groups[0]["targets"] == [address + ":8101"]
-    assert address != GPU_NODE, "the node's address should come from its facts"
+    assert engines["scheme"] == "https"
+    # Verified against the engines' certificate: never without verification.
+    assert engines["tls_config"] == {"ca_file": ENGINE_CA}
+
+
+def test_engine_certificate_is_what_prometheus_verifies_against(host):
+    controller_copy = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "tls/tls.crt"
+    ca = host.file(ENGINE_CA)
+    assert ca.content_string.strip() == controller_copy.read_text().strip()
+    assert (ca.user, ca.group, ca.mode) == ("root", "prometheus", 0o644)
+    config = yaml.safe_load(host.file("/etc/prometheus/prometheus.yml").content_string)
+    (engines,) = [job for job in config["scrape_configs"] if job["job_name"] == "zerolayer-engines"]
+    (target,) = [
+        g["targets"][0] for g in engines["static_configs"] if g["labels"]["node"] == TLS_NODE
+    ]
+    # The same check Prometheus makes: the certificate, the address it names, TLS only.
+    assert (
+        host.run(
+            "curl -sS --fail -o /dev/null --cacert %s https://%s/metrics", ENGINE_CA, target
+        ).rc
+        == 0
+    )
+    assert host.run("curl -sS --fail -o /dev/null http://%s/metrics", target).rc != 0
 
 
 def test_targets_are_up_and_only_the_inventory_nodes(host):
     def all_up():
         targets = api_get(host, "/targets", state="active")["activeTargets"]
-        return targets if targets and all(t["health"] == "up" for t in targets) else None
+        return targets if len(targets) == 4 and all(t["health"] == "up" for t in targets) else None
 
     targets = wait_for(all_up)
     assert targets, api_get(host, "/targets", state="active")
     assert sorted((t["labels"]["job"], t["labels"]["node"]) for t in targets) == [
-        ("zerolayer-engines", GPU_NODE),
-        ("zerolayer-router", GPU_NODE),
+        ("zerolayer-engines", TLS_NODE),
+        ("zerolayer-engines", PLAIN_NODE),
+        ("zerolayer-router", TLS_NODE),
+        ("zerolayer-router", PLAIN_NODE),
     ]
     config = yaml.safe_load(host.file("/etc/prometheus/prometheus.yml").content_string)
     configured = {
@@ -104,25 +150,50 @@ def test_targets_are_up_and_only_the_inventory_nodes(host):
         for target in group["targets"]
     }
     assert {t["labels"]["instance"] for t in targets} == configured
+    engines = {t["labels"]["node"]: t for t in targets if t["labels"]["job"] == "zerolayer-engines"}
+    assert (
+        engines[TLS_NODE]["scrapeUrl"]
+        == "https://%s/metrics" % engines[TLS_NODE]["labels"]["instance"]
+    )
+    assert (
+        engines[PLAIN_NODE]["scrapeUrl"]
+        == "http://%s/metrics" % engines[PLAIN_NODE]["labels"]["instance"]
+    )
+    assert all(t["lastError"] == "" for t in targets), [t["lastError"] for t in targets]
 
 
 def test_query_returns_the_scraped_value(host):
     def weight():
-        return query(host, 'zerolayer_route_weight_ratio{job="zerolayer-router"}')
+        result = query(host, 'zerolayer_route_weight_ratio{job="zerolayer-router"}')
+        return result if len(result) == 2 else None
 
     result = wait_for(weight)
-    assert len(result) == 1, result
-    assert result[0]["metric"]["node"] == GPU_NODE
-    assert result[0]["metric"]["route"] == "chat"
-    assert float(result[0]["value"][1]) == 0.25
+    assert result, query(host, 'zerolayer_route_weight_ratio{job="zerolayer-router"}')
+    assert sorted(r["metric"]["node"] for r in result) == GPU_NODES
+    assert {r["metric"]["route"] for r in result} == {"chat"}
+    assert all(float(r["value"][1]) == 0.25 for r in result)
 
 
-def test_engine_metrics_are_scraped(host):
+def test_tls_engine_metrics_are_scraped(host):
     def running():
         return query(host, 'vllm:num_requests_running{job="zerolayer-engines"}')
 
     result = wait_for(running)
-    assert [r["metric"]["engine"] for r in result] == ["chat_sim"]
+    assert [(r["metric"]["node"], r["metric"]["engine"]) for r in result] == [
+        (TLS_NODE, "chat_sim")
+    ]
+
+
+def test_triton_metrics_port_is_scraped(host):
+    def successes():
+        return query(host, 'nv_inference_request_success{job="zerolayer-engines"}')
+
+    result = wait_for(successes)
+    assert [(r["metric"]["node"], r["metric"]["engine"]) for r in result] == [
+        (PLAIN_NODE, "embed_trt")
+    ]
+    assert float(result[0]["value"][1]) == 42
+    assert result[0]["metric"]["instance"].endswith(":8111")
 
 
 def test_every_rule_is_loaded(host):
@@ -142,14 +213,13 @@ def test_recording_rule_is_evaluated(host):
     # recording rule is 0 for each of the four outcomes.
     def outcomes():
         result = query(host, "node_route_outcome:zerolayer_route_decisions:rate1m")
-        return result if len(result) == 4 else None
+        return result if len(result) == 8 else None
 
     result = wait_for(outcomes)
     assert result, "the recording rule produced no series"
-    assert sorted(r["metric"]["outcome"] for r in result) == [
-        "assign_error",
-        "engine",
-        "fallback_no_socket",
-        "proxy_weight",
+    assert sorted((r["metric"]["node"], r["metric"]["outcome"]) for r in result) == [
+        (node, outcome)
+        for node in GPU_NODES
+        for outcome in ("assign_error", "engine", "fallback_no_socket", "proxy_weight")
     ]
     assert all(float(r["value"][1]) == 0 for r in result)

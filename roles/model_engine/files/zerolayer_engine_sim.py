@@ -1,10 +1,15 @@
 """CPU engine simulator: a test double for a GPU model engine such as vLLM.
 
 It generates no text with any model. It speaks the part of the OpenAI-compatible
-HTTP API that the data plane and its drills touch (chat completions, streaming or
-not, the model list, health and Prometheus metrics under vLLM's metric names), with
+HTTP API that the data plane and its drills touch (chat and text completions, streaming
+or not, the model list, health and Prometheus metrics under vLLM's metric names), with
 a configurable time to first token, inter-token latency, concurrency limit and
 injected 5xx errors. Every response says it comes from a simulator.
+
+It answers only the service's API paths (--api-path), each behind the key; on its own
+port it also answers /health and /metrics without a key (probes, Prometheus). A
+connection the router handed over from the service port gets the API paths and nothing
+else, the same policy as the legacy proxy and vLLM's zerolayer_vllm_paths middleware.
 
 Standard library only: nodes get no pip.
 """
@@ -14,6 +19,7 @@ import bisect
 import hmac
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -131,6 +137,20 @@ E2E_BUCKETS = (
 KNOWN_HANDLERS = frozenset(
     ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 )
+# The client API paths when --api-path names none: model_engine_api_paths' default.
+DEFAULT_API_PATHS = ("/v1/models", "/v1/chat/completions", "/v1/completions")
+# What the engine's own port answers without a key: readiness probes and Prometheus. A
+# connection handed over from the service port never gets them.
+OPERATIONS_PATHS = frozenset(("/health", "/metrics"))
+# The methods each route of the simulator serves; a route on the allowlist that is not
+# here is a 404 (after the key check), one here asked with another method a 405.
+ROUTE_METHODS = {
+    "/v1/models": ("GET", "HEAD"),
+    "/v1/chat/completions": ("POST",),
+    "/v1/completions": ("POST",),
+    "/health": ("GET", "HEAD"),
+    "/metrics": ("GET", "HEAD"),
+}
 
 
 def arrival_path(connection, own_port):
@@ -142,6 +162,16 @@ def arrival_path(connection, own_port):
     except OSError:
         return "proxy"
     return "proxy" if local_port == own_port else "direct"
+
+
+def access(route, arrival, api_paths):
+    """How a request for `route` is answered: 'api' (served behind the key), 'open' (served
+    without a key) or 'hidden' (404, key or not)."""
+    if route in api_paths:
+        return "api"
+    if arrival == "proxy" and route in OPERATIONS_PATHS:
+        return "open"
+    return "hidden"
 
 
 def log(message):
@@ -544,7 +574,24 @@ def message_text(message):
     raise BadRequest(400, "messages[].content must be a string or a list of content parts")
 
 
-def parse_chat_request(body, config):
+def prompt_text(prompt):
+    """The prompt of a text completion: one string, or one prompt as a list of token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(token, int) and not isinstance(token, bool) for token in prompt)
+    ):
+        return " ".join(str(token) for token in prompt)
+    raise BadRequest(
+        400, "prompt must be a string or a list of token ids (the simulator takes one prompt)"
+    )
+
+
+def parse_request(body, config, kind):
+    """The settings of a completion request; kind is 'chat' (/v1/chat/completions) or
+    'text' (/v1/completions)."""
     try:
         request = json.loads(body or b"null")
     except ValueError as error:
@@ -554,19 +601,22 @@ def parse_chat_request(body, config):
     model = request.get("model", config.model)
     if model != config.model:
         raise BadRequest(404, "The model `%s` does not exist." % model)
-    messages = request.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest(400, "messages must be a non-empty list")
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise BadRequest(400, "each message must be an object with a string role")
-    # Whitespace-separated words stand in for tokens: there is no tokenizer here.
-    prompt_tokens = sum(len(message_text(message).split()) for message in messages)
+    if kind == "chat":
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest(400, "messages must be a non-empty list")
+        for message in messages:
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise BadRequest(400, "each message must be an object with a string role")
+        # Whitespace-separated words stand in for tokens: there is no tokenizer here.
+        prompt_tokens = sum(len(message_text(message).split()) for message in messages)
+    else:
+        prompt_tokens = len(prompt_text(request.get("prompt")).split())
     if prompt_tokens > config.max_input_tokens:
         raise BadRequest(
             400,
             "This model's maximum input length is %d tokens; "
-            "the messages hold %d." % (config.max_input_tokens, prompt_tokens),
+            "the prompt holds %d." % (config.max_input_tokens, prompt_tokens),
         )
     requested = request.get("max_completion_tokens", request.get("max_tokens"))
     if requested is None:
@@ -587,12 +637,17 @@ def parse_chat_request(body, config):
     options = request.get("stream_options") or {}
     include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
     return {
+        "kind": kind,
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "finish_reason": finish_reason,
         "stream": stream,
         "include_usage": include_usage,
     }
+
+
+def completion_id(request):
+    return ("chatcmpl-sim-%s" if request["kind"] == "chat" else "cmpl-sim-%s") % uuid.uuid4().hex
 
 
 def output_token(index):
@@ -686,10 +741,32 @@ class EngineHandler(BaseHTTPRequestHandler):
     def route(self):
         return self.path.split("?", 1)[0]
 
-    def do_GET(self):
+    def answer(self):
+        """Every request, whatever its method: the path's access first (404 for a path not
+        served on this arrival path, 401 for an API path without a valid key, both before
+        anything else is said), then the route."""
         self.server.settings.refresh()
+        try:
+            body = self.read_body()
+        except BadRequest as error:
+            self.server.metrics.count_error("bad_request")
+            self.send_error_json(error.status, error.message, "BadRequestError")
+            return
         route = self.route()
-        if route == "/health":
+        verdict = access(route, self.arrival_path, self.server.config.api_paths)
+        if verdict == "hidden":
+            self.send_not_found(route)
+            return
+        if verdict == "api" and not self.server.api_keys.allows(self.headers.get("Authorization")):
+            self.send_unauthorized()
+            return
+        methods = ROUTE_METHODS.get(route)
+        if methods is None:
+            # On the allowlist but not a route the simulator has.
+            self.send_not_found(route)
+        elif self.command not in methods:
+            self.send_method_not_allowed(methods)
+        elif route == "/health":
             self.send_body(200, b"", "text/plain; charset=utf-8")
         elif route == "/metrics":
             error_rate = self.server.settings.snapshot()["error_rate"]
@@ -699,52 +776,56 @@ class EngineHandler(BaseHTTPRequestHandler):
                 "text/plain; version=0.0.4; charset=utf-8",
             )
         elif route == "/v1/models":
-            if not self.server.api_keys.allows(self.headers.get("Authorization")):
-                self.send_unauthorized()
-                return
-            config = self.server.config
-            self.send_json(
-                200,
-                {
-                    "object": "list",
-                    "data": [
-                        {
-                            "id": config.model,
-                            "object": "model",
-                            "created": config.started,
-                            "owned_by": "zerolayer-engine-simulator",
-                            "root": config.model,
-                            "max_model_len": config.max_input_tokens + config.max_output_tokens,
-                        }
-                    ],
-                },
-            )
+            self.send_models()
         else:
-            self.server.metrics.count_error("not_found")
-            self.send_error_json(404, "no route %s" % route, "NotFoundError")
+            self.serve_completion(body, "chat" if route == "/v1/chat/completions" else "text")
 
-    do_HEAD = do_GET
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = answer
 
-    def do_POST(self):
-        self.server.settings.refresh()
+    def send_not_found(self, route):
+        self.server.metrics.count_error("not_found")
+        self.send_error_json(404, "no route %s" % route, "NotFoundError")
+
+    def send_method_not_allowed(self, methods):
+        self.server.metrics.count_error("bad_request")
+        body = json.dumps(
+            {
+                "object": "error",
+                "message": "method %s not allowed on %s" % (self.command, self.route()),
+                "type": "MethodNotAllowed",
+                "param": None,
+                "code": 405,
+            },
+            separators=(",", ":"),
+        ).encode()
+        self.start_response(405, "application/json", len(body))
+        self.send_header("Allow", ", ".join(methods))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_models(self):
+        config = self.server.config
+        self.send_json(
+            200,
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": config.model,
+                        "object": "model",
+                        "created": config.started,
+                        "owned_by": "zerolayer-engine-simulator",
+                        "root": config.model,
+                        "max_model_len": config.max_input_tokens + config.max_output_tokens,
+                    }
+                ],
+            },
+        )
+
+    def serve_completion(self, body, kind):
         try:
-            body = self.read_body()
-        except BadRequest as error:
-            self.server.metrics.count_error("bad_request")
-            self.send_error_json(error.status, error.message, "BadRequestError")
-            return
-        route = self.route()
-        # Like vLLM, every /v1/ route asks for a key before anything else is said.
-        authorized = self.server.api_keys.allows(self.headers.get("Authorization"))
-        if route.startswith("/v1/") and not authorized:
-            self.send_unauthorized()
-            return
-        if route != "/v1/chat/completions":
-            self.server.metrics.count_error("not_found")
-            self.send_error_json(404, "no route %s" % route, "NotFoundError")
-            return
-        try:
-            request = parse_chat_request(body, self.server.config)
+            request = parse_request(body, self.server.config, kind)
         except BadRequest as error:
             reason = "not_found" if error.status == 404 else "bad_request"
             self.server.metrics.count_error(reason)
@@ -817,22 +898,20 @@ class EngineHandler(BaseHTTPRequestHandler):
             time.sleep(settings["inter_token_latency_seconds"])
             gaps.append(time.monotonic() - before)
         text = "".join(output_token(index) for index in range(request["output_tokens"]))
+        choice = {"index": 0, "logprobs": None, "finish_reason": request["finish_reason"]}
+        if request["kind"] == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
         self.send_json(
             200,
             {
-                "id": "chatcmpl-sim-%s" % uuid.uuid4().hex,
-                "object": "chat.completion",
+                "id": completion_id(request),
+                "object": "chat.completion" if request["kind"] == "chat" else "text_completion",
                 "created": int(time.time()),
                 "model": self.server.config.model,
                 "system_fingerprint": SYSTEM_FINGERPRINT,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
-                        "finish_reason": request["finish_reason"],
-                    }
-                ],
+                "choices": [choice],
                 "usage": self.usage(request),
             },
         )
@@ -859,20 +938,24 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def stream(self, request, settings, started):
-        completion_id = "chatcmpl-sim-%s" % uuid.uuid4().hex
+        chat = request["kind"] == "chat"
+        stream_id = completion_id(request)
         created = int(time.time())
         model = self.server.config.model
 
         def chunk(delta, finish_reason=None):
+            choice = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+            if chat:
+                choice["delta"] = delta
+            else:
+                choice["text"] = delta.get("content", "")
             return {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
+                "id": stream_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": created,
                 "model": model,
                 "system_fingerprint": SYSTEM_FINGERPRINT,
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-                ],
+                "choices": [choice],
             }
 
         self.start_response(200, "text/event-stream; charset=utf-8")
@@ -880,7 +963,8 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.wfile.flush()
-        self.send_event(chunk({"role": "assistant", "content": ""}))
+        if chat:
+            self.send_event(chunk({"role": "assistant", "content": ""}))
         time.sleep(settings["time_to_first_token_seconds"])
         first_token_at = time.monotonic()
         previous = first_token_at
@@ -1015,6 +1099,15 @@ def rate(text):
     return value
 
 
+def api_path(text):
+    if not re.fullmatch(r"/v1/[A-Za-z0-9._~/-]+", text) or re.search(r"//|/\.\.?(/|$)", text):
+        raise argparse.ArgumentTypeError(
+            "must be an exact path under /v1/ of A-Z a-z 0-9 . _ ~ / - without empty, . or .. "
+            "segments, got %s" % text
+        )
+    return text
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="CPU engine simulator (a test double for a GPU model engine; no model runs)."
@@ -1028,6 +1121,15 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--admin-file", help="JSON with error_rate, error_status, latencies; re-read on change"
+    )
+    parser.add_argument(
+        "--api-path",
+        dest="api_paths",
+        action="append",
+        type=api_path,
+        metavar="PATH",
+        help="a client API path served behind the key, exact, under /v1/; repeat for each "
+        "(default: %s)" % " ".join(DEFAULT_API_PATHS),
     )
     parser.add_argument("--tls-cert")
     parser.add_argument("--tls-key")
@@ -1056,6 +1158,7 @@ def parse_args(argv):
     config = parser.parse_args(argv)
     if bool(config.tls_cert) != bool(config.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    config.api_paths = frozenset(config.api_paths or DEFAULT_API_PATHS)
     config.started = int(time.time())
     return config
 
