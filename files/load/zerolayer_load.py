@@ -4,7 +4,8 @@
 Each worker sends OpenAI-style chat completions to the nodes' service ports, by default one
 new TCP connection per request, because the router decides per connection: a client that
 reuses one connection would never see a weight change. The path comes from the response
-header X-Zerolayer-Path ("proxy" through the legacy proxy, "direct" from the engine).
+header X-Zerolayer-Path: the legacy proxy sets "proxy" on every answer it forwards, so an
+answer without it came straight from the engine ("direct"; a stock vLLM sets none).
 A streaming request counts as good only when its stream ends with the [DONE] event, so a
 stream cut by a change on the node is a failure with its cause.
 
@@ -199,7 +200,8 @@ class Client:
             raise Failure("timeout", str(error)) from error
         except (OSError, http.client.HTTPException) as error:
             raise Failure("transport_error", repr(error)) from error
-        path = response.getheader(PATH_HEADER, "unknown")
+        # The proxy marks every answer it forwards and hides the engine's own mark.
+        path = response.getheader(PATH_HEADER) or "direct"
         if response.status != 200:
             detail = response.read(300).decode("utf-8", "replace")
             raise Failure("http_%d" % response.status, detail)

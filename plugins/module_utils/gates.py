@@ -43,7 +43,7 @@ GATE_KEYS = (
     "require_data",
     "description",
 )
-PLACEHOLDERS = ("stage_start", "stage_elapsed", "window")
+PLACEHOLDERS = ("stage_start", "stage_elapsed", "stage_nodes", "window")
 PLACEHOLDER_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 GATE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 HISTORY_FORMAT = 1
@@ -316,9 +316,50 @@ def check_placeholders(gates, values):
             render_query(gate.min_samples_query, values, "gate %s min_samples_query" % gate.name)
 
 
-def placeholder_values(hold_started_at, now, window):
-    """Values for render_query: Unix seconds of the hold start, elapsed as a PromQL range."""
-    values = {"window": window}
+# ${stage_nodes} when the caller does not say which nodes the stage changed: every node.
+EVERY_NODE = ".*"
+# RE2's metacharacters: escaped so that a node name matches only itself.
+_REGEX_SPECIAL = frozenset(".+*?()|[]{}^$")
+
+
+def stage_nodes_pattern(nodes, field="stage_nodes"):
+    """The nodes a stage changed, as the value of ${stage_nodes}.
+
+    The result goes inside a double-quoted PromQL string of a regex matcher,
+    `node=~"${stage_nodes}"`: the names joined with `|` (sorted, each once), every RE2
+    metacharacter escaped with a backslash that is itself doubled for the PromQL string.
+    None (the caller did not say) matches every node.
+    """
+    if nodes is None:
+        return EVERY_NODE
+    if isinstance(nodes, (str, bytes)) or not isinstance(nodes, (list, tuple)) or not nodes:
+        raise FleetError(
+            "%s must be a non-empty list of node names (the nodes whose weight the stage "
+            "changed); got %r" % (field, nodes),
+            {"field": field},
+        )
+    names = set()
+    for index, node in enumerate(nodes):
+        if (
+            not isinstance(node, str)
+            or not node
+            or not node.isprintable()
+            or '"' in node
+            or "\\" in node
+        ):
+            raise FleetError(
+                "%s[%d] must be a node name: a non-empty string of printable characters "
+                "without '\"' or '\\'; got %r" % (field, index, node),
+                {"field": "%s[%d]" % (field, index)},
+            )
+        names.add("".join("\\\\" + char if char in _REGEX_SPECIAL else char for char in node))
+    return "|".join(sorted(names))
+
+
+def placeholder_values(hold_started_at, now, window, stage_nodes=None):
+    """Values for render_query: Unix seconds of the hold start, elapsed as a PromQL range,
+    and the stage's nodes as a regex (stage_nodes_pattern; every node when None)."""
+    values = {"window": window, "stage_nodes": stage_nodes_pattern(stage_nodes)}
     if hold_started_at is not None:
         values["stage_start"] = "%d" % int(hold_started_at.timestamp())
         values["stage_elapsed"] = "%ds" % max(1, int(seconds_between(hold_started_at, now)))

@@ -28,8 +28,9 @@ description:
     beyond O(max_holds) or O(max_hold_extension): a person must decide). V(rollback) and
     V(pause) stay the decision of the stage until its history is reset."
   - "Queries may use placeholders: C(${window}) (O(window)), C(${stage_start}) (Unix seconds of
-    the hold start, for the C(@) modifier) and C(${stage_elapsed}) (seconds since the hold start,
-    as a range such as C(3600s))."
+    the hold start, for the C(@) modifier), C(${stage_elapsed}) (seconds since the hold start,
+    as a range such as C(3600s)) and C(${stage_nodes}) (O(stage_nodes) as a regular expression
+    for a label matcher such as C(node=~\"${stage_nodes}\"), every node without it)."
   - Invalid input fails naming the field and the allowed values, before any query or write.
 version_added: 0.1.0
 author:
@@ -116,6 +117,17 @@ options:
     description: The stage's hold time, whole seconds or a string such as V(2h), V(30m), V(90s).
     type: raw
     default: 0
+  stage_nodes:
+    description:
+      - The nodes whose weight the stage changed (the wave's hosts), the value of
+        C(${stage_nodes}). Each name is matched literally; they are joined into one regular
+        expression, written for the inside of a double-quoted PromQL string, so that
+        C(node=~"${stage_nodes}") selects the stage's nodes and C(node!~"${stage_nodes}") the
+        others.
+      - Without it C(${stage_nodes}) is V(.*), every node (and C(!~) none).
+      - Names must be non-empty and printable, without a double quote or a backslash.
+    type: list
+    elements: str
   hold_started_at:
     description:
       - When the stage's hold began (its weight confirmed on every node), ISO 8601 (UTC when no
@@ -210,6 +222,7 @@ EXAMPLES = r"""
     weight: "{{ plan.resume.weight }}"
     hold: "{{ plan.resume.hold_s }}"
     hold_started_at: "{{ hold.record.stage.hold_started_at }}"
+    stage_nodes: "{{ groups['wave_canary'] }}"
   delegate_to: localhost
   run_once: true
   register: gate
@@ -397,6 +410,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     parse_timestamp,
     placeholder_values,
     record_evaluation,
+    stage_nodes_pattern,
     utc_now,
     validate_gates,
     validate_window,
@@ -466,6 +480,7 @@ def run(params, check_mode):
                 {"field": field},
             )
     window = validate_window(params["window"])
+    stage_nodes_pattern(params["stage_nodes"])
     hold_s = parse_duration(params["hold"], "hold")
     limits = Limits(
         params["consecutive_failure_limit"],
@@ -502,7 +517,9 @@ def run(params, check_mode):
         history, replaced = history_for_stage(stored, params["rollout_id"], params["stage"])
 
     evaluation = evaluate_gates(
-        gates, client.query, placeholder_values(hold_started_at, now, window)
+        gates,
+        client.query,
+        placeholder_values(hold_started_at, now, window, params["stage_nodes"]),
     )
     gate_verdicts = {result["name"]: result["verdict"] for result in evaluation["gates"]}
     updated, outcome = record_evaluation(
@@ -591,6 +608,7 @@ def main():
             stage=dict(type="int", default=0),
             weight=dict(type="raw"),
             hold=dict(type="raw", default=0),
+            stage_nodes=dict(type="list", elements="str"),
             hold_started_at=dict(type="raw", aliases=["stage_started_at"]),
             consecutive_failure_limit=dict(type="int", default=3),
             failure_limit=dict(type="int", default=5),

@@ -1,16 +1,16 @@
-"""Fixtures for the monitoring tests: promtool and a running engine simulator."""
+"""Fixtures for the monitoring tests: promtool, and a real Prometheus over the recorded fleets."""
 
-import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import urllib.request
+import time
 
 import pytest
-from promql_names import ENGINE_SIM
+from promql_names import COLLECTIONS_PATH, recorded_names
+from recorded_fleet import PROMETHEUS, RecordedPrometheus
+
+# The collection, for the tests that run its module_utils (the gates).
+if str(COLLECTIONS_PATH) not in sys.path:
+    sys.path.insert(0, str(COLLECTIONS_PATH))
 
 
 @pytest.fixture(scope="session")
@@ -20,75 +20,23 @@ def promtool():
     return path
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-# Only ever http://127.0.0.1:<port> of the simulator this fixture started.
-def http_get(url):
-    with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310
-        return reply.read().decode()
-
-
-def http_post(url, payload, headers):
-    request = urllib.request.Request(  # noqa: S310
-        url, data=json.dumps(payload).encode(), headers=headers, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310
-        return reply.read().decode()
-
-
 @pytest.fixture(scope="session")
-def engine_sim_metrics():
-    """The simulator's /metrics after one direct request, as text.
-
-    The simulator runs on 127.0.0.1 on a free port and is stopped at the end.
-    """
-    assert ENGINE_SIM.exists(), f"{ENGINE_SIM} is missing"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ENGINE_SIM),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--time-to-first-token",
-            "0",
-            "--inter-token-latency",
-            "0",
-            "--output-tokens",
-            "2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+def recorded_prometheus(promtool):
+    """Prometheus on 127.0.0.1 over the fleets of recorded_fleet.FLEETS, with the collection's
+    rules; yielded once every recording rule has recorded something (its `rules_at` is a
+    moment when they all have). Stopped, and its directory removed, at the end."""
+    assert shutil.which(PROMETHEUS), f"{PROMETHEUS} is missing (Debian package prometheus)"
+    server = RecordedPrometheus(promtool)
     try:
-        announced = process.stdout.readline()
-        assert announced, "simulator exited: " + process.stderr.read()
-        assert json.loads(announced)["port"] == port
-        base = f"http://127.0.0.1:{port}"
-        http_post(
-            base + "/v1/chat/completions",
-            {
-                "model": "zerolayer-simulated-model",
-                "messages": [{"role": "user", "content": "hello"}],
-            },
-            {"Content-Type": "application/json"},
-        )
-        yield http_get(base + "/metrics")
+        server.build()
+        server.start_server()
+        names = sorted(recorded_names())
+
+        def recorded():
+            server.rules_at = time.time()
+            return all(server.query(name, at=server.rules_at) for name in names)
+
+        server.wait_for(recorded, f"the recording rules {names} to record something")
+        yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        process.stdout.close()
-        process.stderr.close()
+        server.stop()

@@ -11,23 +11,22 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RULES = REPO / "files/prometheus/rules/zerolayer.rules.yml"
 DASHBOARD = REPO / "files/grafana/zerolayer-fleet.json"
 METRICS_DOC = REPO / "docs/metrics.md"
-ENGINE_SIM = REPO / "roles/model_engine/files/zerolayer_engine_sim.py"
+FIXTURE_METRICS = REPO / "tests/fixtures/metrics"
 
-# Names emitted by software outside this collection, or written by its playbooks, with
-# who emits each.
+# Names emitted by software outside this collection for which there is no recorded
+# fixture, with who emits each.
 EXTERNAL_METRICS = {
     # Prometheus itself, one series per scrape target.
     "up": "prometheus",
-    # NVIDIA dcgm-exporter: frame-buffer memory in use, MiB.
-    "DCGM_FI_DEV_FB_USED": "dcgm-exporter",
     # node_exporter run with --collector.systemd.
     "node_systemd_unit_state": "node_exporter",
     # cAdvisor (cgroup v2, --docker_only=false): per-cgroup memory PSI "some".
     "container_pressure_memory_waiting_seconds_total": "cadvisor",
 }
 
-# Engine metric names that must come from the engines (the simulator proves them here).
-ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total)$")
+# Names the engines and DCGM's exporter serve: they must be in one of the recorded /metrics
+# fixtures (tests/fixtures/metrics: real vLLM, Triton with TensorRT-LLM, dcgm-exporter).
+ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total|nv_.+|DCGM_FI_.+)$")
 # Names zerolayer-route-exporter serves (the exporter's own rendering proves them here).
 EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout(?!_store_)|node|fence_watcher)_\w+$")
 # Names zerolayer-store-exporter serves (store_exporter_text() proves them).
@@ -102,6 +101,14 @@ def scraped_names(text):
         elif line and not line.startswith("#"):
             name = re.match(r"[A-Za-z_:][\w:]*", line).group(0)
             names.update({name, base_name(name)})
+    return names
+
+
+def fixture_metric_names():
+    """Sample names and families in the recorded /metrics fixtures of the engines and DCGM."""
+    names = set()
+    for path in sorted(FIXTURE_METRICS.glob("*.prom")):
+        names |= scraped_names(path.read_text())
     return names
 
 

@@ -11,11 +11,13 @@ from promql_names import (
     STORE_EXPORTER_NAME,
     base_name,
     documented_metrics,
+    fixture_metric_names,
     metric_names,
     recorded_names,
     scraped_names,
     store_exporter_text,
 )
+from recorded_fleet import FLEETS
 
 RULE_TESTS = sorted((REPO / "files/prometheus/tests").glob("*.yml"))
 
@@ -79,9 +81,9 @@ def test_every_alert_has_for_severity_and_runbook():
         assert annotations["runbook_url"].startswith("docs/runbook.md#"), name
 
 
-def test_rules_read_only_metrics_the_system_emits(engine_sim_metrics):
+def test_rules_read_only_metrics_the_system_emits():
     documented = documented_metrics()
-    simulated = scraped_names(engine_sim_metrics)
+    recorded_fixtures = fixture_metric_names()
     stored = scraped_names(store_exporter_text())
     recorded = recorded_names()
     unknown = {}
@@ -91,7 +93,7 @@ def test_rules_read_only_metrics_the_system_emits(engine_sim_metrics):
                 continue
             base = base_name(name)
             if ENGINE_NAME.match(base):
-                known = name in simulated and base in documented
+                known = name in recorded_fixtures and base in documented
             elif STORE_EXPORTER_NAME.match(base):
                 known = name in stored and base in documented
             else:
@@ -99,6 +101,84 @@ def test_rules_read_only_metrics_the_system_emits(engine_sim_metrics):
             if not known:
                 unknown.setdefault(rule.get("alert") or rule.get("record"), []).append(name)
     assert not unknown, f"rules read metrics nothing emits: {unknown}"
+
+
+# ---------------------------------------------------------------- on the recorded fleets
+
+# The stage nodes of the fleets whose engines get worse after the stage start
+# (tests/monitoring/recorded_fleet.py): the only engine nodes an alert may name.
+WORSE = {name for name in FLEETS if name.endswith("-worse")}
+# Nodes whose exporter holds a rollout record (a rollback, a pause): rollout alerts may
+# name them.
+ROLLOUT_NODES = {"rollout-rolled_back.test", "rollout-paused.test"}
+
+
+def test_every_recording_rule_records_on_stock_engines(recorded_prometheus):
+    at = recorded_prometheus.rules_at
+    for name in sorted(recorded_names()):
+        assert recorded_prometheus.query(name, at=at), f"{name} recorded nothing"
+
+    def nodes(name, **labels):
+        selector = ",".join(f'{key}="{value}"' for key, value in labels.items())
+        return {
+            item["metric"]["node"]
+            for item in recorded_prometheus.query(f"{name}{{{selector}}}", at=at)
+        }
+
+    # Per engine kind, from its own names alone.
+    success = "node_path:zerolayer_engine_request_success:ratio_rate1m"
+    assert {"vllm-1.test", "triton-1.test"} <= nodes(success)
+    ttft = "node_path:zerolayer_engine_first_token_seconds:p99_rate1m"
+    assert "vllm-1.test" in nodes(ttft, source="vllm")
+    assert "triton-histograms-1.test" in nodes(ttft, source="triton")
+    # Triton without its histograms has no first response to show.
+    assert "triton-1.test" not in nodes(ttft)
+    gpu = "node_gpu:zerolayer_gpu_memory_used:ratio"
+    assert "vllm-1.test" in nodes(gpu, engine="chat")
+    assert "triton-1.test" in nodes(gpu, gpu_uuid="GPU-3f9a1c52-8e0b-4d27-b6a4-1c0e5d7f9a21")
+    assert "vllm-dcgm-1.test" in nodes(gpu, gpu="0")
+    # Where DCGM is there it is the source, not the KV cache of the vLLM beside it.
+    assert "vllm-dcgm-1.test" not in nodes(gpu, engine="chat")
+
+
+def test_healthy_stock_engines_succeed_and_the_worse_ones_do_not(recorded_prometheus):
+    at = recorded_prometheus.rules_at
+    success = {
+        item["metric"]["node"]: float(item["value"][1])
+        for item in recorded_prometheus.query(
+            "node_path:zerolayer_engine_request_success:ratio_rate1m", at=at
+        )
+    }
+    for node, value in success.items():
+        fleet = node.rsplit("-", 1)[0]
+        if fleet in ("vllm-worse", "triton-worse") and node.endswith("-1.test"):
+            assert value < 0.9995, (node, value)
+        else:
+            # Cancelled Triton requests and vLLM's 4xx are no failures.
+            assert value == 1.0, (node, value)
+
+
+def test_every_alert_evaluates_on_stock_engines_and_names_only_what_got_worse(
+    recorded_prometheus,
+):
+    at = recorded_prometheus.rules_at
+    worse_nodes = {FLEETS[name].stage_node for name in WORSE}
+    named = {}
+    for rule in alerts():
+        reply = recorded_prometheus.api(rule["expr"], at=at)
+        assert reply["status"] == "success", (rule["alert"], reply.get("error"))
+        named[rule["alert"]] = {item["metric"].get("node") for item in reply["data"]["result"]}
+    for alert, nodes in named.items():
+        assert nodes <= worse_nodes | ROLLOUT_NODES, (alert, nodes)
+    assert named["ZerolayerEngineErrorRateHigh"] == {
+        FLEETS["vllm-worse"].stage_node,
+        FLEETS["triton-worse"].stage_node,
+    }
+    # Slower than the median node of its engine kind that takes no direct-path traffic.
+    assert named["ZerolayerDirectPathFirstTokenSlower"] == {
+        FLEETS["vllm-worse"].stage_node,
+        FLEETS["triton-histograms-worse"].stage_node,
+    }
 
 
 def test_store_exporter_text_has_every_family_it_can_serve():

@@ -64,7 +64,7 @@ def series(*values, label="instance"):
         (
             [gate(query="x[${range}]")],
             "gates[0].query",
-            "${stage_start}, ${stage_elapsed}, ${window}",
+            "${stage_start}, ${stage_elapsed}, ${stage_nodes}, ${window}",
         ),
         ([gate(comparison="==")], "gates[0].comparison", "'<', '<=', '>', '>='"),
         ([gate(comparison=None)], "gates[0].comparison", "'<', '<=', '>', '>='"),
@@ -251,6 +251,70 @@ def test_stage_placeholders_without_a_hold_start_fail_before_any_query():
         g.evaluate_gates([parsed], prometheus, g.placeholder_values(None, at(0), "5m"))
     assert "${stage_start}" in caught.value.message
     assert prometheus.asked == []
+
+
+def test_stage_nodes_become_one_literal_regex_for_a_promql_string():
+    # Sorted, each once; a dot matches only a dot: escaped for RE2, the escape doubled for
+    # the double-quoted PromQL string it goes into.
+    pattern = g.stage_nodes_pattern(["gpu-2", "gpu-1.rack-a", "gpu-2"])
+    assert pattern == "gpu-1\\\\.rack-a|gpu-2"
+
+
+def test_every_regex_metacharacter_in_a_node_name_is_escaped():
+    pattern = g.stage_nodes_pattern(["a.b+c*d?e(f)g[h]i{j}k|l^m$n"])
+    assert pattern == "a" + "".join(
+        "\\\\" + char + letter for char, letter in zip(".+*?()[]{}|^$", "bcdefghijklmn")
+    )
+
+
+def test_without_stage_nodes_every_node_is_the_stage():
+    assert g.stage_nodes_pattern(None) == ".*"
+    assert g.placeholder_values(None, at(0), "5m")["stage_nodes"] == ".*"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "field"),
+    [
+        ([], "stage_nodes"),
+        ("gpu-1", "stage_nodes"),
+        ({"gpu-1": 1}, "stage_nodes"),
+        ([""], "stage_nodes[0]"),
+        (["gpu-1", 7], "stage_nodes[1]"),
+        (["gpu-1", None], "stage_nodes[1]"),
+        (['gpu"1'], "stage_nodes[0]"),
+        (["gpu\\1"], "stage_nodes[0]"),
+        (["gpu\n1"], "stage_nodes[0]"),
+    ],
+)
+def test_bad_stage_nodes_are_refused_naming_the_field(nodes, field):
+    with pytest.raises(FleetError) as caught:
+        g.stage_nodes_pattern(nodes)
+    assert caught.value.details["field"] == field
+    assert field in caught.value.message
+
+
+def test_stage_nodes_placeholder_selects_the_stage_and_the_other_nodes():
+    definition = gate(
+        query='max(m{node=~"${stage_nodes}"}) / max(m{node!~"${stage_nodes}"})',
+        min_samples_query='count(m{node=~"${stage_nodes}"})',
+        min_samples=1,
+    )
+    values = g.placeholder_values(at(0), at(60), "5m", ["n1.a", "n2"])
+    answers = {
+        'count(m{node=~"n1\\\\.a|n2"})': [Sample({}, 2.0)],
+        'max(m{node=~"n1\\\\.a|n2"}) / max(m{node!~"n1\\\\.a|n2"})': [Sample({}, 1.0)],
+    }
+    result, prometheus = evaluate(definition, answers, values)
+    assert result["verdict"] == "pass", result["reason"]
+    assert len(prometheus.asked) == 2
+
+
+def test_stage_nodes_is_a_known_placeholder():
+    (parsed,) = g.validate_gates([gate(query='m{node=~"${stage_nodes}"}')])
+    assert "${stage_nodes}" in parsed.query
+    with pytest.raises(FleetError) as caught:
+        g.validate_gates([gate(query='m{node=~"${stage_node}"}')])
+    assert "${stage_nodes}" in caught.value.message
 
 
 @pytest.mark.parametrize("window", ["5m", "90s", "1h30m", "500ms"])

@@ -507,6 +507,8 @@ def test_requests_beyond_the_limit_get_429(engine_factory):
         assert response.status == 429
         assert json.loads(payload)["code"] == 429
         assert metric_value(limited.metrics(), "vllm:num_requests_running") == 2
+        # Every slot in use: the stand-in for vLLM's KV-cache usage is full.
+        assert metric_value(limited.metrics(), "vllm:kv_cache_usage_perc") == 1
         for _connection, response in held:
             assert list(read_events(response))[-1] == "[DONE]"
     finally:
@@ -514,6 +516,7 @@ def test_requests_beyond_the_limit_get_429(engine_factory):
             connection.close()
     limited.set_admin({})
     assert limited.chat()[0].status == 200
+    assert metric_value(limited.metrics(), "vllm:kv_cache_usage_perc") == 0
     assert metric_value(limited.metrics(), "zerolayer_sim_errors_total", reason="overloaded") == 1
 
 

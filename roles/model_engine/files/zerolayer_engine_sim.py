@@ -235,8 +235,9 @@ class Histogram:
 class Metrics:
     """Counters and histograms, rendered in the Prometheus text format."""
 
-    def __init__(self, model, engine_name):
+    def __init__(self, model, engine_name, max_concurrency=64):
         self.lock = threading.Lock()
+        self.max_concurrency = max_concurrency
         self.labels = 'model_name="%s"' % escape_label(model)
         self.info_labels = 'engine="%s",model_name="%s",kind="simulator"' % (
             escape_label(engine_name),
@@ -324,6 +325,14 @@ class Metrics:
                 "gauge",
                 "Number of requests waiting to be processed.",
                 [(labels, 0)],
+            )
+            # No KV cache here: the share of request slots in use stands for the share of
+            # KV blocks in use, 0 to 1 like vLLM's (what the GPU memory gate reads without DCGM).
+            lines += family(
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                [(labels, round(self.running / self.max_concurrency, 6))],
             )
             lines += family(
                 "vllm:request_success_total",
@@ -1029,7 +1038,7 @@ class EngineServer(ThreadingHTTPServer):
         self.config = config
         self.tls_context = tls_context
         self.draining = False
-        self.metrics = Metrics(config.model, config.engine_name)
+        self.metrics = Metrics(config.model, config.engine_name, config.max_concurrency)
         self.settings = RuntimeSettings(
             config.admin_file,
             {
