@@ -22,18 +22,6 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 REPO = Path(__file__).resolve().parents[2]
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
 
-SCHEDULE = json.dumps(
-    {
-        "drill_schedule": [
-            {"weight": 1, "hold": 10},
-            {"weight": 5, "hold": 10},
-            {"weight": 20, "hold": 10},
-            {"weight": 100, "hold": 0},
-        ]
-    }
-)
-
-
 # Checks of the drill report judged by wall time: their budgets stay in the report (and
 # decide a real release drill), but this shared machine's speed is no outcome of the code.
 TIMED_CHECKS = ("fast_rollback_time", "deep_rollback_time")
@@ -68,7 +56,6 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
     private = tmp_path / "runner"
     extra = [
         "-e @%s" % DRILL_VARS,
-        "-e '%s'" % SCHEDULE,
         "-e canary_prometheus_url=%s" % fleet.prometheus_url,
         "-e drill_report_dir=%s" % report_root,
         "-e drill_id=%s" % drill_id,

@@ -12,6 +12,9 @@ In module order, on the first GPU node (the others keep the simulator):
   the SDK at weight 0, 20 and 100 on the service port: every call answers, streams complete;
   paths outside the API answer 404 on the engine's port and through the router, /v1 wants a key;
   a tokenizer that does not load fails the role, naming the engine, and the engine keeps serving;
+  the pre-release drill (canary to 20 %, fast and deep rollback, restore) under load;
+  an engine upgrade from vLLM `chat` to another vLLM instance under load, the drain reading
+  vLLM's own queue metrics;
   site.yml puts the simulator back (module teardown).
 """
 
@@ -31,15 +34,18 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "tests" / "sandbox" / "vllm-cpu"
 SDK_CLIENT = Path(__file__).resolve().parent / "openai_sdk_client.py"
+DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
 RUNTIME_ON_NODE = "/var/cache/zerolayer/vllm-cpu"
 PYTHON_ON_NODE = RUNTIME_ON_NODE + "/venv/bin/python"
 MODEL_DIR = RUNTIME_ON_NODE + "/models/tiny-llama"
-MODEL = "zerolayer/tiny-llama"
 UNIT = "zerolayer-engine-chat.service"
 ENGINE_PORT = 8101
 SERVICE_PORT = 8000
 WORK_ON_NODE = "/run/zerolayer-vllm-test"
 SDK_CALLS = 40
+# The engine the upgrade test starts beside vLLM `chat`: another vLLM instance.
+UPGRADED = "chat_v2"
+UPGRADED_PORT = 8102
 
 
 def vllm_version():
@@ -47,10 +53,12 @@ def vllm_version():
     return re.search(r"^vllm-cpu==(\S+)$", requirement, re.M).group(1)
 
 
-def vllm_entry(**changes):
+def vllm_entry(model, **changes):
+    """Engine `chat` as vLLM, serving the tiny model under the fleet's model name: clients,
+    the load client and the drill ask for the same model on every node."""
     entry = {
         "name": "chat",
-        "model": MODEL,
+        "model": model,
         "hardware_profile": {"gpu": None, "memory": "4G", "cpu": "200%"},
         "inference_engine": {"kind": "vllm", "version": vllm_version(), "precision": "fp32"},
         "resource_limits": {
@@ -98,6 +106,23 @@ def http_status(fleet, node, port, method, path, key=None):
     return int(fleet.exec(node, *argv).stdout)
 
 
+def remove_engine(fleet, node, name):
+    """Stop and remove an engine the upgrade test started (site.yml does not know it)."""
+    unit = "zerolayer-engine-%s" % name
+    fleet.exec(node, "systemctl", "disable", "--now", unit + ".service", check=False)
+    fleet.exec(
+        node,
+        "rm",
+        "-rf",
+        "/etc/systemd/system/%s.service" % unit,
+        "/etc/systemd/system/%s.service.d" % unit,
+        "/etc/systemd/system/%s.slice" % unit,
+        "/etc/zerolayer/engines/%s" % name,
+        check=False,
+    )
+    fleet.exec(node, "systemctl", "daemon-reload", check=False)
+
+
 def run_sdk(fleet, node, calls):
     result = fleet.exec(
         node,
@@ -105,7 +130,7 @@ def run_sdk(fleet, node, calls):
         WORK_ON_NODE + "/openai_sdk_client.py",
         "http://127.0.0.1:%d/v1" % SERVICE_PORT,
         WORK_ON_NODE + "/api-key",
-        MODEL,
+        fleet.engine["model"],
         str(calls),
     )
     return json.loads(result.stdout)
@@ -122,7 +147,9 @@ def vllm_node(fleet, tmp_path_factory):
         pytest.fail("the vLLM CPU runtime is not built: run scripts/setup test")
     mounted = fleet.exec(node, "test", "-x", PYTHON_ON_NODE, check=False)
     assert mounted.returncode == 0, "%s: no %s (scripts/sandbox mounts it)" % (node, PYTHON_ON_NODE)
-    inventory = overlay(tmp_path_factory.mktemp("vllm-inventory"), node, vllm_entry())
+    inventory = overlay(
+        tmp_path_factory.mktemp("vllm-inventory"), node, vllm_entry(fleet.engine["model"])
+    )
     started = time.monotonic()
     run = fleet.playbook("site.yml", "--limit", node, inventories=[inventory], timeout=1200)
     print("site.yml with the vLLM engine on %s: %.0f s" % (node, time.monotonic() - started))
@@ -143,6 +170,7 @@ def vllm_node(fleet, tmp_path_factory):
     finally:
         fleet.set_weight(0, check=False)
         fleet.exec(node, "rm", "-rf", WORK_ON_NODE, check=False)
+        remove_engine(fleet, node, UPGRADED)
         restored = fleet.playbook("site.yml", "--limit", node, timeout=1200)
         assert restored.returncode == 0, restored.stdout[-6000:]
 
@@ -179,7 +207,7 @@ def test_the_role_runs_vllm_cpu_with_its_real_flags_and_the_router_registers_it(
             "http://127.0.0.1:%d/v1/models" % ENGINE_PORT,
         ).stdout
     )
-    assert [(m["id"], m["owned_by"]) for m in models["data"]] == [(MODEL, "vllm")]
+    assert [(m["id"], m["owned_by"]) for m in models["data"]] == [(fleet.engine["model"], "vllm")]
     _counters, cookie = route_counters(fleet, node)
     assert cookie, fleet.show(node)
 
@@ -192,7 +220,7 @@ def test_the_openai_sdk_gets_every_answer_on_both_paths(fleet, vllm_node, weight
     summary = run_sdk(fleet, node, SDK_CALLS)
     after, _cookie = route_counters(fleet, node)
     assert summary["failed"] == 0, summary["failures"]
-    assert summary["models"] == [MODEL]
+    assert summary["models"] == [fleet.engine["model"]]
     plain = [r for r in summary["results"] if not r["stream"]]
     streams = [r for r in summary["results"] if r["stream"]]
     assert len(plain) == len(streams) == SDK_CALLS // 2
@@ -250,7 +278,7 @@ def test_a_tokenizer_that_does_not_load_fails_the_role_and_the_engine_keeps_serv
     inventory = overlay(
         tmp_path / "inventory",
         node,
-        vllm_entry(model_source={"kind": "local", "path": broken}),
+        vllm_entry(fleet.engine["model"], model_source={"kind": "local", "path": broken}),
     )
     run = fleet.playbook("site.yml", "--limit", node, inventories=[inventory], timeout=1200)
     assert run.returncode != 0, run.stdout[-3000:]
@@ -263,3 +291,154 @@ def test_a_tokenizer_that_does_not_load_fails_the_role_and_the_engine_keeps_serv
         before["ExecMainStartTimestampMonotonic"],
     )
     assert run_sdk(fleet, node, 2)["failed"] == 0
+
+
+def test_the_canary_with_the_default_gates_rolls_vllm_to_full_weight(
+    fleet, vllm_node, load, tmp_path
+):
+    """canary.yml with the collection's default gates (the sandbox inventory scales only
+    their sample floors and two thresholds), one wave of every node: each gate must decide on
+    vLLM's own metrics beside the simulators', and the rollout completes under load."""
+    node, _inventory = vllm_node
+    fleet.set_weight(0)
+    records = tmp_path / "rollouts"
+    client = load("vllm-canary")
+    try:
+        run = fleet.playbook(
+            "canary.yml",
+            "-e",
+            "canary_prometheus_url=%s" % fleet.prometheus_url,
+            "-e",
+            "canary_record_dir=%s" % records,
+            "-e",
+            "canary_rollout_id=vllm-canary",
+            "-e",
+            json.dumps({"canary_waves": ["gpu_nodes"]}),
+            timeout=1500,
+        )
+    finally:
+        summary = client.stop()
+    assert run.returncode == 0, run.stdout[-8000:]
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    assert summary["streams_completed"] > 0, summary
+    kept = json.loads((records / "vllm-canary" / "gpu_nodes.json").read_text())
+    assert kept["outcome"] == "completed", kept
+    stages = kept["completed_stages"]
+    assert [stage["how"] for stage in stages] == ["stage_completed"] * len(kept["schedule"])
+    for routes in fleet.weights().values():
+        assert routes[fleet.route["name"]][0] == 10000
+    # vLLM took its share: the router handed connections on its node to vLLM's socket.
+    assert route_counters(fleet, node)[0]["to_engine"] > 0
+    report = json.loads((records / "report-vllm-canary.json").read_text())
+    print(
+        "canary with the default gates, vLLM on %s: %d requests (%d streams), 0 failed; "
+        "stages %s"
+        % (
+            node,
+            summary["requests_ok"],
+            summary["streams_completed"],
+            [
+                (row["weight"], row["time_s"], row["end"], row["verdicts"])
+                for row in report["stages"]
+            ],
+        )
+    )
+
+
+def test_the_drill_on_a_fleet_with_vllm_loses_no_request(fleet, vllm_node, tmp_path):
+    """The release drill, with vLLM answering on one node: canary, fast rollback, deep
+    rollback (router detached, proxy restarted), restore (vLLM's socket registered again)."""
+    node, _inventory = vllm_node
+    fleet.set_weight(0)
+    cookie_before = route_counters(fleet, node)[1]
+    try:
+        run = fleet.playbook(
+            "drill.yml",
+            "-e",
+            "@%s" % DRILL_VARS,
+            "-e",
+            "canary_prometheus_url=%s" % fleet.prometheus_url,
+            "-e",
+            "drill_report_dir=%s" % tmp_path,
+            "-e",
+            "drill_id=vllm-drill",
+            timeout=1500,
+        )
+    finally:
+        # A drill that stopped half-way leaves its load client running: its stop file ends it.
+        if (tmp_path / "vllm-drill").is_dir():
+            (tmp_path / "vllm-drill" / "load.stop").touch()
+    assert run.returncode == 0, run.stdout[-8000:]
+    report = json.loads((tmp_path / "vllm-drill" / "report.json").read_text())
+    # Wall-time budgets are judged in the report; this shared machine's speed is no outcome.
+    failed = [
+        check["name"]
+        for check in report["checks"]
+        if not check["passed"] and check["name"] not in ("fast_rollback_time", "deep_rollback_time")
+    ]
+    assert not failed, failed
+    load = report["requests"]
+    assert load["failed"] == 0, load["failures_by_cause"]
+    assert load["streams_completed"] > 0, load
+    # The restore registered vLLM's listening socket again: a new socket cookie in the slot
+    # only if vLLM restarted, so the same one here, and vLLM answers the direct path.
+    assert route_counters(fleet, node)[1] == cookie_before
+    fleet.set_weight(100)
+    assert run_sdk(fleet, node, 4)["failed"] == 0
+    print(
+        "drill with vLLM on %s: %d requests (%d streams), 0 failed"
+        % (node, load["ok"], load["streams_completed"])
+    )
+
+
+def test_an_upgrade_from_vllm_to_vllm_loses_no_request(fleet, vllm_node, load, tmp_path):
+    """engine_upgrade.yml on the vLLM node, under load: the new vLLM instance starts beside
+    the old, takes its route slot and the proxy's upstream, and the old one stops once
+    vLLM's own metrics (vllm:num_requests_running / _waiting) say it has drained."""
+    node, inventory = vllm_node
+    fleet.set_weight(50)
+    cookie_before = route_counters(fleet, node)[1]
+    report = tmp_path / "upgrade.json"
+    client = load("vllm-upgrade", nodes=[node])
+    try:
+        run = fleet.engine_upgrade(
+            "chat",
+            {"name": UPGRADED, "listen_port": UPGRADED_PORT},
+            "--limit",
+            node,
+            "-e",
+            "engine_upgrade_report_path=%s" % report,
+            inventories=[inventory],
+        )
+        assert run.returncode == 0, run.stdout[-8000:]
+    finally:
+        summary = client.stop()
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    assert summary["streams_completed"] > 0, summary
+    outcome = json.loads(report.read_text())["nodes"][node]
+    assert outcome["outcome"] == "upgraded", outcome
+    assert outcome["drained"] in (True, "True"), outcome
+    assert route_counters(fleet, node)[1] not in (None, cookie_before)
+    new_unit = fleet.exec(
+        node,
+        "systemctl",
+        "show",
+        "--property=ActiveState,MainPID",
+        "zerolayer-engine-%s" % UPGRADED,
+    ).stdout
+    assert "ActiveState=active" in new_unit, new_unit
+    assert unit_props(fleet, node, "ActiveState")["ActiveState"] == "inactive"
+    fleet.set_weight(100)
+    answered = run_sdk(fleet, node, 4)
+    assert answered["failed"] == 0, answered["failures"]
+    print(
+        "upgrade vLLM chat -> %s on %s: %d requests (%d streams), 0 failed; ready_s %s, total_s %s"
+        % (
+            UPGRADED,
+            node,
+            summary["requests_ok"],
+            summary["streams_completed"],
+            outcome.get("ready_s"),
+            outcome.get("total_s"),
+        )
+    )

@@ -64,6 +64,29 @@ def serve(path, port, key=None, method="GET", environ=None):
     return sent[0]["status"], json.loads(sent[1]["body"])
 
 
+def test_every_answer_names_the_engine():
+    environ = {
+        "ZEROLAYER_API_PATHS": API_PATHS,
+        "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
+        "ZEROLAYER_ENGINE_NAME": "chat_v2",
+    }
+
+    async def vllm(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"a", b"b")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    for path in ("/v1/models", "/tokenize"):
+        sent = []
+
+        async def send(message, sent=sent):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": path, "headers": [],
+                 "server": ("10.89.213.11", SERVICE_PORT)}  # fmt: skip
+        asyncio.run(paths.ServedPathsOnly(vllm, environ)(scope, None, send))
+        assert (b"x-zerolayer-engine-name", b"chat_v2") in sent[0]["headers"], (path, sent)
+
+
 @pytest.mark.parametrize("port", [OWN_PORT, SERVICE_PORT])
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/v1/completions"])
 def test_api_paths_want_the_key_on_both_ports(path, port):

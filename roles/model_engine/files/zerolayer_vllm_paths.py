@@ -13,6 +13,9 @@ and the proxy's (roles/model_engine and roles/legacy_proxy):
 
 The keys come from the unit's environment as vLLM reads them (VLLM_API_KEY, or
 ZEROLAYER_API_KEYS for several); no key configured means no key is asked for.
+
+Every answer also names the engine (X-Zerolayer-Engine-Name, from ZEROLAYER_ENGINE_NAME), as
+the simulator's do: an engine upgrade checks by it that new connections reach the new one.
 """
 
 import hashlib
@@ -26,6 +29,7 @@ NOT_FOUND = json.dumps(
 ).encode()
 # What the engine's own port answers without a key: Prometheus scrapes, readiness probes.
 OPERATIONS_PATHS = frozenset(("/health", "/metrics"))
+ENGINE_NAME_HEADER = b"x-zerolayer-engine-name"
 
 
 def configured_keys(environ):
@@ -49,6 +53,7 @@ class ServedPathsOnly:
         self.api_paths = frozenset(environ["ZEROLAYER_API_PATHS"].split())
         self.own_port = int(environ["ZEROLAYER_ENGINE_PORT"])
         self.keys = configured_keys(environ)
+        self.engine_name = environ.get("ZEROLAYER_ENGINE_NAME", "").encode("latin-1")
 
     def key_accepted(self, headers):
         if not self.keys:
@@ -76,12 +81,20 @@ class ServedPathsOnly:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def send_named(message):
+            if message["type"] == "http.response.start" and self.engine_name:
+                headers = list(message.get("headers", ()))
+                headers.append((ENGINE_NAME_HEADER, self.engine_name))
+                message = dict(message, headers=headers)
+            await send(message)
+
         verdict = self.verdict(scope)
         if verdict is None:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_named)
             return
         status, body = verdict
-        await send(
+        await send_named(
             {
                 "type": "http.response.start",
                 "status": status,
@@ -91,4 +104,4 @@ class ServedPathsOnly:
                 ],
             }
         )
-        await send({"type": "http.response.body", "body": body})
+        await send_named({"type": "http.response.body", "body": body})
