@@ -69,7 +69,7 @@ def parse_exposition(text):
     samples = []
     for line in text.splitlines():
         if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(None, 3)
+            name, kind = line.split(None, 3)[2:]
             types[name] = kind.strip()
             continue
         if not line.strip() or line.startswith("#"):
@@ -191,7 +191,7 @@ def _earlier_bucket(samples, name, labels, by):
         and their["le"] != "+Inf"
         and {key: text for key, text in their.items() if key != "le"} == others
     )
-    bounds = [bound for bound, _ in same]
+    bounds = [bound for bound, _value in same]
     index = bounds.index(float(labels["le"]))
     return same[index - by][1] if index >= by else 0.0
 

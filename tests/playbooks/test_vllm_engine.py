@@ -140,7 +140,10 @@ def run_sdk(fleet, node, calls):
 def vllm_node(fleet, tmp_path_factory):
     node = fleet.nodes[0]
     built = subprocess.run(
-        [str(REPO / "scripts" / "vllm-cpu-runtime"), "path"], capture_output=True, text=True
+        [str(REPO / "scripts" / "vllm-cpu-runtime"), "path"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     marker = Path(built.stdout.strip()) / ".recipe.sha256"
     if not marker.exists():

@@ -64,6 +64,13 @@ def serve(path, port, key=None, method="GET", environ=None):
     return sent[0]["status"], json.loads(sent[1]["body"])
 
 
+def collect_into(sent):
+    async def send(message):
+        sent.append(message)
+
+    return send
+
+
 def test_every_answer_names_the_engine():
     environ = {
         "ZEROLAYER_API_PATHS": API_PATHS,
@@ -77,13 +84,9 @@ def test_every_answer_names_the_engine():
 
     for path in ("/v1/models", "/tokenize"):
         sent = []
-
-        async def send(message, sent=sent):
-            sent.append(message)
-
         scope = {"type": "http", "method": "GET", "path": path, "headers": [],
                  "server": ("10.89.213.11", SERVICE_PORT)}  # fmt: skip
-        asyncio.run(paths.ServedPathsOnly(vllm, environ)(scope, None, send))
+        asyncio.run(paths.ServedPathsOnly(vllm, environ)(scope, None, collect_into(sent)))
         assert (b"x-zerolayer-engine-name", b"chat_v2") in sent[0]["headers"], (path, sent)
 
 

@@ -49,7 +49,9 @@ def training_text(lines, rng):
         words = [
             rng.choice(WORDS)
             if rng.random() < 0.6
-            else "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 8)))
+            else "".join(
+                rng.choice("abcdefghijklmnopqrstuvwxyz") for _letter in range(rng.randint(2, 8))
+            )
             for _word in range(rng.randint(4, 16))
         ]
         yield " ".join(words).capitalize() + rng.choice(".?!,:")
