@@ -11,13 +11,9 @@ import json
 import math
 import os
 import pathlib
-import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import threading
-import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,9 +23,9 @@ import yaml
 from ansible_collections.zerolayer.fleet.plugins.module_utils import gates as g
 from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import PrometheusClient
 from jinja2.nativetypes import NativeEnvironment
+from prometheus_process import PROMETHEUS, PrometheusProcess, poll_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PROMETHEUS = "/usr/bin/prometheus"
 JOB = "zl-canary-test"
 WAIT_LIMIT = 90  # seconds a poll may wait for Prometheus before the test fails with a message
 
@@ -119,73 +115,26 @@ def exposition():
 # ---------------------------------------------------------------- Prometheus
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+class PrometheusServer(PrometheusProcess):
+    """Prometheus scraping the test's exposition every second."""
 
-
-class PrometheusServer:
     def __init__(self, target_port):
-        self.directory = tempfile.mkdtemp(prefix="zl-canary-prom-")
-        self.port = free_port()
-        self.url = "http://127.0.0.1:%d" % self.port
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [
-                {"job_name": JOB, "static_configs": [{"targets": ["127.0.0.1:%d" % target_port]}]}
-            ],
-        }
-        self.config = os.path.join(self.directory, "prometheus.yml")
-        with open(self.config, "w", encoding="utf-8") as handle:
-            yaml.safe_dump(config, handle)
-        self.log = open(os.path.join(self.directory, "prometheus.log"), "w+", encoding="utf-8")
-        self.process = None
+        super().__init__("zl-canary-prom-", WAIT_LIMIT)
+        self.target_port = target_port
 
     def start(self):
-        self.process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                "--config.file=%s" % self.config,
-                "--storage.tsdb.path=%s" % os.path.join(self.directory, "data"),
-                "--web.listen-address=127.0.0.1:%d" % self.port,
-                "--storage.tsdb.retention.time=1h",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.launch(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "scrape_configs": [
+                    {
+                        "job_name": JOB,
+                        "static_configs": [{"targets": ["127.0.0.1:%d" % self.target_port]}],
+                    }
+                ],
+            },
+            retention="1h",
         )
-        wait_for(self._ready, "Prometheus to answer /-/ready", self)
-
-    def _ready(self):
-        if self.process.poll() is not None:
-            raise AssertionError(
-                "Prometheus exited with %s:\n%s" % (self.process.returncode, self.output())
-            )
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as response:  # noqa: S310
-                return response.status == 200
-        except OSError:
-            return False
-
-    def output(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()[-4000:]
-
-    def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-    def cleanup(self):
-        self.stop()
-        self.log.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
 
     def query(self, promql):
         url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
@@ -194,14 +143,12 @@ class PrometheusServer:
 
 
 def wait_for(condition, what, prometheus=None):
-    """Poll until condition() is true; fail naming what never happened."""
-    deadline = time.monotonic() + WAIT_LIMIT
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.5)
-    log = prometheus.output() if prometheus is not None else ""
-    raise AssertionError("gave up waiting for %s\n%s" % (what, log))
+    """Poll until condition() is true; fail naming what never happened (with Prometheus's
+    log when given)."""
+    if prometheus is None:
+        poll_until(condition, what, WAIT_LIMIT)
+    else:
+        prometheus.wait_for(condition, what)
 
 
 @pytest.fixture(scope="module")

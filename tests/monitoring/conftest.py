@@ -5,8 +5,9 @@ import sys
 import time
 
 import pytest
+from prometheus_process import PROMETHEUS
 from promql_names import COLLECTIONS_PATH, recorded_names
-from recorded_fleet import PROMETHEUS, RecordedPrometheus
+from recorded_fleet import RecordedPrometheus
 
 # The collection, for the tests that run its module_utils (the gates).
 if str(COLLECTIONS_PATH) not in sys.path:
@@ -39,4 +40,4 @@ def recorded_prometheus(promtool):
         server.wait_for(recorded, f"the recording rules {names} to record something")
         yield server
     finally:
-        server.stop()
+        server.cleanup()

@@ -22,18 +22,15 @@ import datetime
 import json
 import os
 import re
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
 import yaml
+from prometheus_process import PrometheusProcess
 from promql_names import COLLECTIONS_PATH, REPO, RULES
 
 FIXTURES = REPO / "tests" / "fixtures" / "metrics"
@@ -42,7 +39,6 @@ TRITON = FIXTURES / "triton-trtllm.prom"
 TRITON_HISTOGRAMS = FIXTURES / "triton-trtllm-histogram-latencies.prom"
 DCGM = FIXTURES / "dcgm-exporter.prom"
 GATES = REPO / "playbooks" / "vars" / "canary_gates.yml"
-PROMETHEUS = "/usr/bin/prometheus"
 
 STEP = 10  # seconds between samples: a rule's [1m] rate has data until END + 50 s
 HISTORY = 20 * 60
@@ -382,25 +378,15 @@ def write_openmetrics(path, series, start, end, stage_start):
 # ---------------------------------------------------------------- Prometheus
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class RecordedPrometheus:
-    """Prometheus on 127.0.0.1 over the fleets' history; stop() ends it and removes its files."""
+class RecordedPrometheus(PrometheusProcess):
+    """Prometheus on 127.0.0.1 over the fleets' history; cleanup() ends it and removes its files."""
 
     def __init__(self, promtool):
+        super().__init__("zl-recorded-prom-", WAIT_LIMIT, poll_s=0.3)
         self.promtool = promtool
-        self.directory = tempfile.mkdtemp(prefix="zl-recorded-prom-")
         self.end = int(time.time())
         self.start = self.end - HISTORY
         self.stage_start = self.end - STAGE_AGE
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = None
-        self.log = None
 
     def build(self):
         series = [one for fleet in FLEETS.values() for one in fleet_series(fleet)]
@@ -419,56 +405,15 @@ class RecordedPrometheus:
         return len(series)
 
     def start_server(self):
-        config = os.path.join(self.directory, "prometheus.yml")
-        with open(config, "w", encoding="utf-8") as handle:
-            yaml.safe_dump(
-                {
-                    "global": {"evaluation_interval": "1s"},
-                    "rule_files": [str(RULES)],
-                    "scrape_configs": [],
-                },
-                handle,
-            )
-        self.log = open(os.path.join(self.directory, "prometheus.log"), "w+", encoding="utf-8")
-        self.process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={os.path.join(self.directory, 'data')}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=1d",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        """Prometheus on the blocks build() wrote, evaluating the collection's rules."""
+        self.launch(
+            {
+                "global": {"evaluation_interval": "1s"},
+                "rule_files": [str(RULES)],
+                "scrape_configs": [],
+            },
+            retention="1d",
         )
-        self.wait_for(self._ready, "Prometheus to answer /-/ready")
-
-    def _ready(self):
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"Prometheus exited with {self.process.returncode}:\n{self.output()}"
-            )
-        try:
-            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as reply:  # noqa: S310
-                return reply.status == 200
-        except OSError:
-            return False
-
-    def wait_for(self, condition, what):
-        deadline = time.monotonic() + WAIT_LIMIT
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"gave up waiting for {what}\n{self.output()}")
-
-    def output(self):
-        if self.log is None:
-            return ""
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()[-4000:]
 
     def api(self, promql, at=None):
         """The decoded /api/v1/query reply (status, data or error), at END unless told."""
@@ -487,20 +432,6 @@ class RecordedPrometheus:
         reply = self.api(promql, at)
         assert reply["status"] == "success", f"{reply.get('error')}\n{promql}"
         return reply["data"]["result"]
-
-    def stop(self):
-        try:
-            if self.process is not None and self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGTERM)
-                try:
-                    self.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                    self.process.wait()
-        finally:
-            if self.log is not None:
-                self.log.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the default gates
