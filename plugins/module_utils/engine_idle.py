@@ -17,8 +17,10 @@ Two measures, because neither is enough alone:
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
+import ssl
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
@@ -37,6 +39,35 @@ IN_FLIGHT_SERIES = {
 }
 KINDS = tuple(sorted(IN_FLIGHT_SERIES))
 PROC_NET_TCP = ("net/tcp", "net/tcp6")
+
+
+def metrics_reader(tls=False, api_key="", host="127.0.0.1"):
+    """read(port): the engine's /metrics text, or None when it cannot be read.
+
+    The engine's own port serves /metrics behind the service's key, so the key goes with
+    the request. Over TLS the certificate is not checked: the request stays on the node.
+    """
+    headers = {"Authorization": "Bearer " + api_key} if api_key else {}
+
+    def read(port):
+        if tls:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            connection = http.client.HTTPSConnection(host, port, timeout=3, context=context)
+        else:
+            connection = http.client.HTTPConnection(host, port, timeout=3)
+        try:
+            connection.request("GET", "/metrics", headers=headers)
+            response = connection.getresponse()
+            body = response.read().decode("utf-8", "replace")
+            return body if response.status == 200 else None
+        except (OSError, http.client.HTTPException):
+            return None
+        finally:
+            connection.close()
+
+    return read
 
 
 def requests_in_flight(metrics_text, kind):

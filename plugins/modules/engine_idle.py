@@ -61,6 +61,12 @@ options:
         node's loopback).
     type: bool
     default: false
+  api_key:
+    description:
+      - The key the engines' C(/metrics) is read with (their own port answers it only with
+        one of the service's keys). Empty sends none, for engines that ask for no key.
+    type: str
+    default: ""
   timeout:
     description: Seconds to wait at most; 0 reads once and does not wait.
     type: int
@@ -89,6 +95,7 @@ EXAMPLES = r"""
         unit: zerolayer-engine-chat.service
         port: 8101
     service_ports: [8000]
+    api_key: "{{ zerolayer_api_keys[0] }}"
     timeout: 120
   register: drain_wait
 """
@@ -114,12 +121,10 @@ engines:
       idle: true
 """
 
-import http.client
-import ssl
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import (
     KINDS,
+    metrics_reader,
     pids_in_cgroup,
     wait_until_idle,
 )
@@ -128,28 +133,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     FleetError,
     fail_module,
 )
-
-
-def metrics_reader(tls):
-    def read(port):
-        if tls:
-            context = ssl.create_default_context()
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-            connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=3, context=context)
-        else:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=3)
-        try:
-            connection.request("GET", "/metrics")
-            response = connection.getresponse()
-            body = response.read().decode("utf-8", "replace")
-            return body if response.status == 200 else None
-        except (OSError, http.client.HTTPException):
-            return None
-        finally:
-            connection.close()
-
-    return read
 
 
 def pid_reader(module):
@@ -210,6 +193,7 @@ def main():
             ),
             service_ports=dict(type="list", elements="int", required=True),
             tls=dict(type="bool", default=False),
+            api_key=dict(type="str", default="", no_log=True),
             timeout=dict(type="int", default=120),
             poll=dict(type="float", default=1.0),
         ),
@@ -228,7 +212,7 @@ def main():
             engine_entries(params),
             0 if module.check_mode else params["timeout"],
             params["poll"],
-            metrics_reader(params["tls"]),
+            metrics_reader(params["tls"], params["api_key"]),
             pid_reader(module),
         )
     except MODULE_FAILURES as exc:

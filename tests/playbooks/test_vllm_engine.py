@@ -264,9 +264,13 @@ def test_only_the_api_paths_answer_and_they_want_a_key(fleet, vllm_node):
         ):
             assert http_status(fleet, node, port, method, path) == 404, (where, path)
             assert http_status(fleet, node, port, method, path, key) == 404, (where, path)
-    # Monitoring reads the engine's own port without a key; the service port does not serve it.
-    assert http_status(fleet, node, ENGINE_PORT, "GET", "/metrics") == 200
-    assert http_status(fleet, node, SERVICE_PORT, "GET", "/metrics") == 404
+    # Monitoring and the drain read the engine's own port with the key; the service port
+    # does not serve it at all.
+    for path in ("/metrics", "/health"):
+        assert http_status(fleet, node, ENGINE_PORT, "GET", path) == 401, path
+        assert http_status(fleet, node, ENGINE_PORT, "GET", path, key) == 200, path
+        assert http_status(fleet, node, SERVICE_PORT, "GET", path) == 404, path
+        assert http_status(fleet, node, SERVICE_PORT, "GET", path, key) == 404, path
 
 
 def test_a_tokenizer_that_does_not_load_fails_the_role_and_the_engine_keeps_serving(

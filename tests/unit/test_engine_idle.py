@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import (
     client_connections,
     established_by_inode,
+    metrics_reader,
     pids_in_cgroup,
     requests_in_flight,
     wait_until_idle,
@@ -166,6 +169,43 @@ def test_metrics_that_cannot_be_read_are_not_idle():
         sleep=clock.sleep,
     )
     assert result["idle"] is False and result["engines"][0]["in_flight"] is None
+
+
+class KeyedMetrics(BaseHTTPRequestHandler):
+    """/metrics behind one bearer key, as an engine's own port serves it."""
+
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer sk-engine-key-000001":
+            status, body = 401, b'{"error":"Unauthorized"}'
+        else:
+            status, body = 200, VLLM_METRICS.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def keyed_engine():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeyedMetrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_metrics_are_read_with_the_key_and_a_refusal_is_not_idle(keyed_engine):
+    text = metrics_reader(api_key="sk-engine-key-000001")(keyed_engine)
+    assert requests_in_flight(text, "vllm") == 3.0
+    assert metrics_reader()(keyed_engine) is None
+    assert metrics_reader(api_key="sk-wrong-key-000001")(keyed_engine) is None
 
 
 def test_a_units_processes_are_found_on_either_cgroup_layout(tmp_path):

@@ -67,7 +67,7 @@ class Engine:
         os.replace(temporary, self.admin_file)
 
     def metrics(self):
-        response, payload = self.request("GET", "/metrics", key=None)
+        response, payload = self.request("GET", "/metrics")
         assert response.status == 200
         return payload.decode()
 
@@ -300,12 +300,17 @@ def test_every_listed_key_is_accepted(engine):
         assert response.status == 200
 
 
-def test_models_needs_a_key_and_health_does_not(engine):
+def test_models_health_and_metrics_need_a_key(engine):
     assert engine.request("GET", "/v1/models", key=None)[0].status == 401
     response, payload = engine.request("GET", "/v1/models")
     assert response.status == 200
     assert [model["id"] for model in json.loads(payload)["data"]] == [MODEL]
-    assert engine.request("GET", "/health", key=None)[0].status == 200
+    for path in ("/health", "/metrics"):
+        response, payload = engine.request("GET", path, key=None)
+        assert (response.status, payload) == (401, b'{"error":"Unauthorized"}'), path
+        assert b"vllm:" not in payload
+        assert engine.request("GET", path, key="sk-not-a-key")[0].status == 401, path
+    assert engine.request("GET", "/health")[0].status == 200
 
 
 def test_key_file_change_is_picked_up(engine):
@@ -534,6 +539,10 @@ def test_stop_closes_the_listener_and_finishes_streams_in_flight(engine_factory)
                 socket.create_connection(("127.0.0.1", draining.port), timeout=5).close()
             except ConnectionRefusedError:
                 break
+            except ConnectionResetError:
+                # A probe that reaches the listener while it closes is reset; the next
+                # one, sent after the close, is refused.
+                pass
             assert time.monotonic() < deadline, "listener still open after SIGTERM"
             time.sleep(0.05)
         events = list(read_events(response))
@@ -699,8 +708,11 @@ def test_api_paths_need_a_key_on_both_arrival_paths(hand_over, arrival, method, 
 
 @pytest.mark.parametrize(("method", "path"), [("GET", "/health"), ("GET", "/metrics")])
 @pytest.mark.parametrize("key", [None, KEYS[0]])
-def test_operations_paths_are_only_on_the_engines_own_port(hand_over, method, path, key):
-    assert hand_over.own_port.request(method, path, key=key)[0].status == 200
+def test_operations_paths_are_only_on_the_engines_own_port_behind_the_key(
+    hand_over, method, path, key
+):
+    expected = 200 if key else 401
+    assert hand_over.own_port.request(method, path, key=key)[0].status == expected
     response, payload = hand_over.service_port.request(method, path, key=key)
     assert response.status == 404
     assert json.loads(payload)["code"] == 404
@@ -757,9 +769,10 @@ def test_api_paths_come_from_the_command_line(engine_factory):
     for key in (None, KEYS[0]):
         assert narrow.request("GET", "/v1/models", key=key)[0].status == 404
         assert narrow.request("POST", "/v1/completions", TEXT_BODY, key=key)[0].status == 404
-    # The engine's own port still answers probes and Prometheus without a key.
-    assert narrow.request("GET", "/health", key=None)[0].status == 200
-    assert narrow.request("GET", "/metrics", key=None)[0].status == 200
+    # The engine's own port still answers Prometheus and the drain, behind the key.
+    for path in ("/health", "/metrics"):
+        assert narrow.request("GET", path, key=None)[0].status == 401, path
+        assert narrow.request("GET", path)[0].status == 200, path
 
 
 def test_default_api_paths_are_the_roles(engine):

@@ -108,8 +108,10 @@ def test_every_other_path_is_not_found_key_or_not(path, port):
 
 
 @pytest.mark.parametrize("path", ["/health", "/metrics"])
-def test_operations_paths_answer_without_a_key_only_on_the_engines_own_port(path):
-    assert serve(path, OWN_PORT)[0] == 200
+def test_operations_paths_answer_only_on_the_engines_own_port_behind_the_key(path):
+    assert serve(path, OWN_PORT, KEY)[0] == 200
+    assert serve(path, OWN_PORT) == (401, {"error": "Unauthorized"})
+    assert serve(path, OWN_PORT, "sk-wrong-key-000001")[0] == 401
     assert serve(path, SERVICE_PORT)[0] == 404
     assert serve(path, SERVICE_PORT, KEY)[0] == 404
 

@@ -265,12 +265,17 @@ def test_engine_is_sent_the_allowlisted_path_itself(host):
 
 
 def test_engine_port_serves_the_api_and_monitoring_only(host):
-    """The engine's own port (the proxy's and Prometheus' way in): the API behind the key,
-    /health and /metrics without one, nothing else."""
+    """The engine's own port (the proxy's and Prometheus' way in): the API, /health and
+    /metrics, all behind the key; nothing else."""
     assert request(host, ENGINE_PORT, "/v1/models")[0] == 401
     assert request(host, ENGINE_PORT, "/v1/models", authorization="Bearer " + KEYS[0])[0] == 200
-    status, _headers, body = request(host, ENGINE_PORT, "/metrics")
+    for path in ("/metrics", "/health"):
+        status, _headers, body = request(host, ENGINE_PORT, path)
+        assert (status, "vllm:" in body) == (401, False), path
+    status, _headers, body = request(
+        host, ENGINE_PORT, "/metrics", authorization="Bearer " + KEYS[0]
+    )
     assert status == 200 and "vllm:num_requests_running" in body
-    assert request(host, ENGINE_PORT, "/health")[0] == 200
+    assert request(host, ENGINE_PORT, "/health", authorization="Bearer " + KEYS[0])[0] == 200
     for path in ("/invocations", "/tokenize", "/docs"):
         assert request(host, ENGINE_PORT, path, authorization="Bearer " + KEYS[0])[0] == 404

@@ -248,9 +248,10 @@ def test_missing_or_wrong_key_gets_401(host, key):
     assert body == UNAUTHORIZED
 
 
-def test_metrics_carry_vllm_names(host):
+def test_metrics_carry_vllm_names_behind_the_key(host):
     chat(host)
-    status, _headers, body = curl(host, "/metrics", key=None)
+    assert curl(host, "/metrics", key=None)[:3:2] == (401, UNAUTHORIZED)
+    status, _headers, body = curl(host, "/metrics")
     assert status == 200
     for name in (
         "vllm:time_to_first_token_seconds_bucket",

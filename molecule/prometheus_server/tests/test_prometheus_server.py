@@ -2,7 +2,8 @@
 
 The route exporters are STAND-INs (python3 http.server serving a fixed metrics file in the
 exporter's metric names). Node 2 has TLS on: its engine is the CPU engine simulator serving
-TLS with a throwaway self-signed certificate that names the node's address. Node 3 has TLS
+TLS with a throwaway self-signed certificate that names the node's address, and /metrics
+only with the key. Node 3 has TLS
 off and a Triton engine whose metrics port (listen_port + 1) is a STAND-IN serving a fixed
 file in Triton's names. Prometheus, its configuration, rules, TLS and scraping are real.
 """
@@ -25,6 +26,7 @@ API = "http://127.0.0.1:9090/api/v1"
 TLS_NODE, PLAIN_NODE = sorted(RUNNER.get_hosts("gpu_nodes"))
 GPU_NODES = [TLS_NODE, PLAIN_NODE]
 ENGINE_CA = "/etc/prometheus/engine-tls-ca.pem"
+ENGINE_KEY_FILE = "/etc/prometheus/engine-api-key"
 # Waiting for the first scrapes and rule evaluations is not a timing assertion: the
 # deadline only bounds how long a broken setup takes to report.
 DEADLINE_S = 120
@@ -107,6 +109,15 @@ def test_scrape_configuration_comes_from_the_inventory(host):
     assert engines["scheme"] == "https"
     # Verified against the engines' certificate: never without verification.
     assert engines["tls_config"] == {"ca_file": ENGINE_CA}
+    # The key from a file only Prometheus reads, never in prometheus.yml itself.
+    assert engines["authorization"] == {"type": "Bearer", "credentials_file": ENGINE_KEY_FILE}
+    assert "sk-molecule" not in host.file("/etc/prometheus/prometheus.yml").content_string
+
+
+def test_the_scrape_key_is_readable_by_prometheus_only(host):
+    key_file = host.file(ENGINE_KEY_FILE)
+    assert (key_file.user, key_file.group, key_file.mode) == ("root", "prometheus", 0o640)
+    assert key_file.content_string == "sk-molecule-prometheus-key-01\n"
 
 
 def test_engine_certificate_is_what_prometheus_verifies_against(host):
@@ -119,13 +130,12 @@ def test_engine_certificate_is_what_prometheus_verifies_against(host):
     (target,) = [
         g["targets"][0] for g in engines["static_configs"] if g["labels"]["node"] == TLS_NODE
     ]
-    # The same check Prometheus makes: the certificate, the address it names, TLS only.
-    assert (
-        host.run(
-            "curl -sS --fail -o /dev/null --cacert %s https://%s/metrics", ENGINE_CA, target
-        ).rc
-        == 0
-    )
+    # The same check Prometheus makes: the certificate, the address it names, TLS only,
+    # and the key.
+    curl = "curl -sS -o /dev/null -w '%%{http_code}' --cacert %s"
+    with_key = curl + ' -H "Authorization: Bearer $(cat %s)" https://%s/metrics'
+    assert host.check_output(with_key, ENGINE_CA, ENGINE_KEY_FILE, target) == "200"
+    assert host.check_output(curl + " https://%s/metrics", ENGINE_CA, target) == "401"
     assert host.run("curl -sS --fail -o /dev/null http://%s/metrics", target).rc != 0
 
 

@@ -7,9 +7,10 @@ a configurable time to first token, inter-token latency, concurrency limit and
 injected 5xx errors. Every response says it comes from a simulator.
 
 It answers only the service's API paths (--api-path), each behind the key; on its own
-port it also answers /health and /metrics without a key (probes, Prometheus). A
-connection the router handed over from the service port gets the API paths and nothing
-else, the same policy as the legacy proxy and vLLM's zerolayer_vllm_paths middleware.
+port it also answers /health and /metrics, behind the same key (Prometheus and the drain
+send it). A connection the router handed over from the service port gets the API paths
+and nothing else, the same policy as the legacy proxy and vLLM's zerolayer_vllm_paths
+middleware: no path answers anything but 401 or 404 without a key.
 
 Standard library only: nodes get no pip.
 """
@@ -139,8 +140,9 @@ KNOWN_HANDLERS = frozenset(
 )
 # The client API paths when --api-path names none: model_engine_api_paths' default.
 DEFAULT_API_PATHS = ("/v1/models", "/v1/chat/completions", "/v1/completions")
-# What the engine's own port answers without a key: readiness probes and Prometheus. A
-# connection handed over from the service port never gets them.
+# What the engine's own port answers besides the API paths, behind the same key: Prometheus
+# and the drain's reading of the queue. A connection handed over from the service port
+# never gets them.
 OPERATIONS_PATHS = frozenset(("/health", "/metrics"))
 # The methods each route of the simulator serves; a route on the allowlist that is not
 # here is a 404 (after the key check), one here asked with another method a 405.
@@ -165,12 +167,10 @@ def arrival_path(connection, own_port):
 
 
 def access(route, arrival, api_paths):
-    """How a request for `route` is answered: 'api' (served behind the key), 'open' (served
-    without a key) or 'hidden' (404, key or not)."""
-    if route in api_paths:
+    """How a request for `route` is answered: 'api' (served behind the key) or 'hidden'
+    (404, key or not)."""
+    if route in api_paths or (arrival == "proxy" and route in OPERATIONS_PATHS):
         return "api"
-    if arrival == "proxy" and route in OPERATIONS_PATHS:
-        return "open"
     return "hidden"
 
 

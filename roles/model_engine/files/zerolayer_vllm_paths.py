@@ -8,8 +8,10 @@ and the proxy's (roles/model_engine and roles/legacy_proxy):
 
 - a connection the router handed over from the service port (its local port is not the
   engine's own): the paths in ZEROLAYER_API_PATHS, behind the key; anything else is 404;
-- a connection to the engine's own port (the proxy, Prometheus, probes): the same paths
-  behind the key, and /health and /metrics without one; anything else is 404.
+- a connection to the engine's own port (the proxy, Prometheus, the drain): the same
+  paths and /health and /metrics, all behind the key; anything else is 404.
+
+So nothing answers but 401 or 404 without a key, on either port.
 
 The keys come from the unit's environment as vLLM reads them (VLLM_API_KEY, or
 ZEROLAYER_API_KEYS for several); no key configured means no key is asked for.
@@ -27,7 +29,8 @@ UNAUTHORIZED = json.dumps({"error": "Unauthorized"}).encode()
 NOT_FOUND = json.dumps(
     {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}}
 ).encode()
-# What the engine's own port answers without a key: Prometheus scrapes, readiness probes.
+# What the engine's own port answers besides the API paths, behind the same key: Prometheus
+# scrapes and the drain's reading of the queue.
 OPERATIONS_PATHS = frozenset(("/health", "/metrics"))
 ENGINE_NAME_HEADER = b"x-zerolayer-engine-name"
 
@@ -69,9 +72,8 @@ class ServedPathsOnly:
         path = scope.get("path", "")
         server = scope.get("server") or (None, None)
         on_own_port = server[1] == self.own_port
-        if on_own_port and path in OPERATIONS_PATHS:
-            return None
-        if path not in self.api_paths:
+        served = path in self.api_paths or (on_own_port and path in OPERATIONS_PATHS)
+        if not served:
             return 404, NOT_FOUND
         if self.key_accepted(scope.get("headers", ())):
             return None
