@@ -44,8 +44,10 @@ def boot_attach(config):
     return proc.returncode, json.loads(proc.stdout or proc.stderr)
 
 
-def write_config(tmp_path, layout, router_object, netns, engine):
-    config = tmp_path / "router.json"
+def write_config(tmp_path, layout, router_object, netns, engine, weight=0, name="router.json"):
+    """The node's router config as the ebpf_router role writes it: route chat at `weight`
+    (what the inventory declares) with the engine in slot 0."""
+    config = tmp_path / name
     config.write_text(
         json.dumps(
             {
@@ -57,7 +59,7 @@ def write_config(tmp_path, layout, router_object, netns, engine):
                     {
                         "name": "chat",
                         "port": SERVICE_PORT,
-                        "weight": 0,
+                        "weight": weight,
                         "engines": [{"slot": 0, "pid": engine.pid, "port": ENGINE_PORT}],
                     }
                 ],

@@ -20,6 +20,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read
 from store.etcd_member import running_etcd
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes
+from .test_deep_rollback_sticky import boot_attach, write_config
 
 ROUTECTL = (
     "import sys; sys.path.insert(0, %r); "
@@ -223,6 +224,58 @@ def test_an_outage_of_the_store_changes_nothing_and_the_watcher_catches_up(
     raised = store.raise_fence("fast", "after the outage", "test")
     ack = acknowledged(store, raised["epoch"])
     assert ack["confirmed"] and weights(routed) == {"chat": 0}
+
+
+def reboot(layout):
+    """What a reboot leaves of the node's router: no pin (bpffs lives in memory), the fence
+    file (on disk) as it was."""
+    router_lifecycle.remove(layout)
+    assert not os.path.exists(layout.pin_dir)
+
+
+@pytest.mark.parametrize("action", ["fast", "deep"])
+def test_a_node_rebooted_mid_rollback_ends_at_the_fence_and_acknowledges_it(
+    watcher, store, routed, netns, engine, router_object, tmp_path, action
+):
+    """The node goes down (the watcher killed, every pin lost) before the rollback reaches
+    it; it boots with a config that declares chat at 100 %, the router unit attaches, the
+    watcher starts and catches up. A second reboot after the acknowledgement: the boot keeps
+    the rollback, and the watcher does not act or acknowledge again."""
+    config = write_config(tmp_path, routed, router_object, netns, engine, 100, "boot.json")
+    watcher.start()
+    watcher.kill()
+    reboot(routed)
+    raised = store.raise_fence(action, "rolled back while the node was down", "test")
+
+    status, booted = boot_attach(config)
+    assert status == 0 and booted["attached"], booted
+    # The node had not seen the new epoch: the boot's declared weight was taken.
+    assert weights(routed) == {"chat": 10000}
+    watcher.start()
+    ack = acknowledged(store, raised["epoch"])
+    assert ack["applied"] and ack["confirmed"] and ack["action"] == action, ack
+    assert read_fence(routed.fence_file)["epoch"] == raised["epoch"]
+    if action == "fast":
+        assert weights(routed) == {"chat": 0}
+    else:
+        assert not router_lifecycle.router_state(routed)["attached"]
+        assert router_mode.is_detached(routed.fence_file)
+    assert netns.clients(count=30)["served"] == {"proxy": 30}
+
+    watcher.kill()
+    reboot(routed)
+    status, booted = boot_attach(config)
+    assert status == 0, booted
+    if action == "fast":
+        # Boot carries no epoch: the declared 100 % is refused by the node's fence.
+        assert booted["attached"] and "fenced" in booted["routes"][0], booted
+        assert weights(routed) == {"chat": 0}
+    else:
+        assert booted["kept_detached"] and not booted["attached"], booted
+    watcher.start()
+    time.sleep(1)
+    assert ack_of(store) == ack, "the same epoch must not be acted on or acknowledged again"
+    assert netns.clients(count=30)["served"] == {"proxy": 30}
 
 
 def test_records_the_watcher_refuses_change_nothing(watcher, store, routed):
