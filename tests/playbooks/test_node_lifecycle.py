@@ -1,4 +1,5 @@
-"""A driver change rolls through the sandbox fleet node by node, each node drained first.
+"""A driver change, and an engine change, roll through the sandbox fleet node by node, each
+node drained first.
 
 The NVIDIA driver is a TEST DOUBLE here (tests/playbooks/driver_doubles.yml: a signed local
 apt repository of dummy packages at two releases, a sysfs tree with one GPU, a recording
@@ -57,6 +58,24 @@ def installed_at(fleet, node, package="libcuda1"):
         node, "dpkg-query", "-W", "-f", "${Version} ${db-fsys:Last-Modified}", package
     ).stdout.split()
     return out[0], float(out[1])
+
+
+def assert_undrained(fleet, node):
+    """Back in service: the weight it had (20 %), the engine registered, the proxy home,
+    no drain record left."""
+    assert fleet.routes(node)[fleet.route["name"]][0] == 2000, node
+    assert all(route["slots"] for route in fleet.show(node)["routes"]), node
+    assert fleet.exec(node, "test", "-e", "/var/lib/zerolayer/drain.json", check=False).returncode
+    assert "Drained" not in fleet.exec(node, "cat", "/etc/nginx/nginx.conf").stdout
+
+
+def one_node_at_a_time(windows):
+    """Each node's engine was back before the next one's stopped; the seconds each was down.
+    windows: (stopped, restarted, node) per node."""
+    windows = sorted(windows)
+    for earlier, later in zip(windows, windows[1:]):
+        assert earlier[1] < later[0], (earlier[2], later[2], windows)
+    return {node: round(back - gone, 1) for gone, back, node in windows}
 
 
 @pytest.fixture
@@ -121,17 +140,8 @@ def test_a_driver_change_drains_each_node_in_turn_and_loses_no_request(
         assert version == NEXT + "-1", node
         assert stopped < changed_at < restarted, (node, stopped, changed_at, restarted)
         windows.append((stopped, restarted, node))
-        # Undrained: the weight it had, the engine registered, the proxy home, no record left.
-        assert fleet.routes(node)[fleet.route["name"]][0] == 2000, node
-        assert all(route["slots"] for route in fleet.show(node)["routes"]), node
-        assert fleet.exec(
-            node, "test", "-e", "/var/lib/zerolayer/drain.json", check=False
-        ).returncode
-        assert "Drained" not in fleet.exec(node, "cat", "/etc/nginx/nginx.conf").stdout
-    # One node at a time: each node's engine was back before the next one's stopped.
-    windows.sort()
-    for earlier, later in zip(windows, windows[1:]):
-        assert earlier[1] < later[0], (earlier[2], later[2], windows)
+        assert_undrained(fleet, node)
+    down = one_node_at_a_time(windows)
     print(
         "driver change %s -> %s: %d requests (%d streams), 0 failed; engine down per node %s s"
         % (
@@ -139,6 +149,53 @@ def test_a_driver_change_drains_each_node_in_turn_and_loses_no_request(
             NEXT,
             summary["requests_ok"],
             summary["streams_completed"],
-            {node: round(back - gone, 1) for gone, back, node in windows},
+            down,
         )
     )
+
+
+def test_an_engine_change_drains_each_node_in_turn_and_loses_no_request(fleet, baseline, load):
+    """site.yml with a setting that restarts every node's engine (its drain time is in the
+    unit): the model_engine role drains each node before the restart and undrains it after,
+    one node at a time, under load."""
+    fleet.set_weight(20)
+    client = load("engine-change")
+    client.wait_for_more(100, "requests before the change")
+    started = time.time() - 1
+    try:
+        run = fleet.playbook(
+            "site.yml",
+            "--tags",
+            "model_engine",
+            "-e",
+            json.dumps({"model_engine_drain_seconds": 31, "node_drain_timeout_s": 30}),
+        )
+        assert run.returncode == 0, run.stdout[-8000:]
+        client.wait_for_more(100, "requests after the change")
+        summary = client.stop()
+
+        assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+        # Drained by the model_engine role, one batch (node) at a time.
+        drains = run.stdout.count("node_drain : Send no new connection on the direct path]")
+        assert drains == len(fleet.nodes), run.stdout[-8000:]
+        windows = []
+        for node in fleet.nodes:
+            # Restarted with the new setting, once.
+            unit = fleet.exec(node, "systemctl", "cat", ENGINE_UNIT).stdout
+            assert "TimeoutStopSec=41" in unit, (node, unit)
+            stopped, restarted = unit_times(fleet, node, started)
+            windows.append((stopped, restarted, node))
+            assert_undrained(fleet, node)
+        down = one_node_at_a_time(windows)
+        print(
+            "engine change: %d requests (%d streams), 0 failed; engine down per node %s s"
+            % (
+                summary["requests_ok"],
+                summary["streams_completed"],
+                down,
+            )
+        )
+    finally:
+        # The inventory's setting back, drained the same way.
+        restored = fleet.playbook("site.yml", "--tags", "model_engine")
+        assert restored.returncode == 0, restored.stdout[-8000:]

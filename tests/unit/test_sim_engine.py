@@ -731,10 +731,11 @@ def test_other_paths_are_404_with_or_without_a_key(hand_over, arrival, key, meth
 
 
 def test_hand_over_is_counted_as_the_direct_path(hand_over):
-    """The requests above reached the engine on both arrival paths: its own /metrics tells
-    them apart by the path label, so the 404s on the service port were the hand-over's."""
+    """Requests reach the engine on both arrival paths: its own /metrics tells them apart by
+    the path label, so a 404 on the service port is the hand-over's."""
     assert hand_over.service_port.chat()[0].status == 200
     assert hand_over.own_port.chat()[0].status == 200
+    assert hand_over.service_port.request("GET", "/metrics")[0].status == 404
     text = hand_over.own_port.metrics()
     for path in ("direct", "proxy"):
         assert (
