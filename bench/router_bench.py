@@ -167,7 +167,12 @@ def set_up_case(stack, key, workdir, bpffs, objects, server_cpus):
         return target
     object_path = objects["router"]
     netns.start_nginx("proxy", lab.SERVICE_PORT, server_cpus)
-    layout = PinLayout(os.path.join(bpffs, netns.name))
+    # The router's fence file in the bench's own directory: the machine's node state
+    # (/var/lib/zerolayer) is not the bench's to touch.
+    layout = PinLayout(
+        os.path.join(bpffs, netns.name),
+        fence_file=os.path.join(workdir, netns.name + "-fence.json"),
+    )
     stack.callback(router_lifecycle.remove, layout)
     router_lifecycle.attach(layout, object_path, netns.path)
     route = set_route(layout, ROUTE, port=lab.SERVICE_PORT, weight=case["weight"])["after"]
