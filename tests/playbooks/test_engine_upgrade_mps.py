@@ -98,11 +98,10 @@ def install_doubles(fleet, node):
     node_run(fleet, node, "sh", "-c", "cat > %s/nvidia-smi-state.json" % DOUBLE_STATE, stdin=state)
 
 
-def remove_everything(fleet, node):
-    """Stop and remove what this module made on the node; each step runs whatever failed."""
-    units = ["zerolayer-engine-%s.service" % name for name in ENGINES]
-    mps_units = ["zerolayer-mps@%s.service" % name for name in ENGINES]
-    fleet.exec(node, "systemctl", "disable", "--now", *units, check=False)
+def remove_mps(fleet, node, instances):
+    """Stop and remove the MPS `instances`, the cuda_mps role's files and the TEST DOUBLES;
+    each step runs whatever failed."""
+    mps_units = ["zerolayer-mps@%s.service" % name for name in instances]
     fleet.exec(node, "systemctl", "disable", "--now", *mps_units, check=False)
     paths = [
         "/usr/bin/nvidia-cuda-mps-control",
@@ -117,13 +116,22 @@ def remove_everything(fleet, node):
         "/usr/local/libexec/zerolayer/mps-exclusive-mode",
         "/usr/local/libexec/zerolayer/mps-pinned-mem-limits",
     ]
+    fleet.exec(node, "rm", "-rf", *paths, check=False)
+    fleet.exec(node, "systemctl", "daemon-reload", check=False)
+    fleet.exec(node, "systemctl", "reset-failed", check=False)
+
+
+def remove_everything(fleet, node):
+    """Stop and remove what this module made on the node; each step runs whatever failed."""
+    units = ["zerolayer-engine-%s.service" % name for name in ENGINES]
+    fleet.exec(node, "systemctl", "disable", "--now", *units, check=False)
+    paths = []
     for name in ENGINES:
         unit = "/etc/systemd/system/zerolayer-engine-%s" % name
         paths += [unit + ".service", unit + ".service.d", unit + ".slice"]
         paths.append("/etc/zerolayer/engines/%s" % name)
     fleet.exec(node, "rm", "-rf", *paths, check=False)
-    fleet.exec(node, "systemctl", "daemon-reload", check=False)
-    fleet.exec(node, "systemctl", "reset-failed", check=False)
+    remove_mps(fleet, node, ENGINES)
 
 
 @pytest.fixture(scope="module")

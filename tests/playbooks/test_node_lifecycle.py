@@ -1,12 +1,13 @@
-"""A driver change, and an engine change, roll through the sandbox fleet node by node, each
-node drained first.
+"""A driver change, an MPS change and an engine change roll through the sandbox fleet node by
+node, each node drained first.
 
 The NVIDIA driver is a TEST DOUBLE here (tests/playbooks/driver_doubles.yml: a signed local
 apt repository of dummy packages at two releases, a sysfs tree with one GPU, a recording
 update-initramfs, and a daemon restart standing in for the reboot, which would stop a
-container). Everything else is the product: site.yml with its batch of one, the
-nvidia_driver role's apt steps, node_drain's drain and undrain, the router, nginx and the
-engines, under load from every node's service port.
+container), and so are nvidia-cuda-mps-control and nvidia-smi (the cuda_mps scenario's, as
+test_engine_upgrade_mps.py installs them). Everything else is the product: site.yml with its
+batch of one, the nvidia_driver and cuda_mps roles, node_drain's drain and undrain, the
+router, nginx and the engines, under load from every node's service port.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import time
 
 import pytest
+from test_engine_upgrade_mps import install_doubles, mps_events, remove_mps
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
@@ -32,13 +34,13 @@ DRIVER_VARS = {
 }
 
 
-def unit_times(fleet, node, since):
-    """(stopped, started) unix times of the engine unit's last stop and start since `since`."""
+def unit_times(fleet, node, since, unit=ENGINE_UNIT):
+    """(stopped, started) unix times of the unit's one stop and start since `since`."""
     text = fleet.exec(
         node,
         "journalctl",
         "--unit",
-        ENGINE_UNIT,
+        unit,
         "--since",
         "@%d" % int(since),
         "--output",
@@ -47,7 +49,7 @@ def unit_times(fleet, node, since):
     ).stdout
     stopped = [float(line.split()[0]) for line in text.splitlines() if "Stopped " in line]
     started = [float(line.split()[0]) for line in text.splitlines() if "Started " in line]
-    assert len(stopped) == 1 and len(started) == 1, (node, text)
+    assert len(stopped) == 1 and len(started) == 1, (node, unit, text)
     return stopped[0], started[0]
 
 
@@ -199,3 +201,83 @@ def test_an_engine_change_drains_each_node_in_turn_and_loses_no_request(fleet, b
         # The inventory's setting back, drained the same way.
         restored = fleet.playbook("site.yml", "--tags", "model_engine")
         assert restored.returncode == 0, restored.stdout[-8000:]
+
+
+MPS_INSTANCE = "shared"
+
+
+def mps_instances(active_thread_percentage):
+    """-e for one MPS instance per node on GPU 0 at the given default thread share."""
+    instance = {
+        "name": MPS_INSTANCE,
+        "gpu": 0,
+        "pinned_mem_limit": "2G",
+        "active_thread_percentage": active_thread_percentage,
+    }
+    return ("-e", json.dumps({"cuda_mps_instances": [instance], "node_drain_timeout_s": 30}))
+
+
+@pytest.fixture
+def mps_doubles(fleet):
+    """The TEST DOUBLES of the NVIDIA MPS tools on every node; removed afterwards with the
+    instance this test runs."""
+    try:
+        for node in fleet.nodes:
+            install_doubles(fleet, node)
+        yield
+    finally:
+        for node in fleet.nodes:
+            remove_mps(fleet, node, [MPS_INSTANCE])
+
+
+def test_an_mps_change_drains_each_node_in_turn_and_loses_no_request(
+    fleet, baseline, load, mps_doubles
+):
+    """site.yml --tags cuda_mps: a first start drains nothing (no client to lose); a setting
+    that restarts every node's running control daemon drains each node first, one at a time,
+    under load. The engine here joins no instance: the drain stops every engine of the node
+    whichever instance it uses, so the order (engine stopped, daemon restarted, engine back)
+    is the same."""
+    first = fleet.playbook("site.yml", "--tags", "cuda_mps", *mps_instances(50))
+    assert first.returncode == 0, first.stdout[-8000:]
+    assert "node_drain : Send no new connection" not in first.stdout, first.stdout[-8000:]
+
+    fleet.set_weight(20)
+    client = load("mps-change")
+    client.wait_for_more(100, "requests before the change")
+    started = time.time() - 1
+    run = fleet.playbook("site.yml", "--tags", "cuda_mps", *mps_instances(60))
+    assert run.returncode == 0, run.stdout[-8000:]
+    client.wait_for_more(100, "requests after the change")
+    summary = client.stop()
+
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    drains = run.stdout.count("node_drain : Send no new connection on the direct path]")
+    assert drains == len(fleet.nodes), run.stdout[-8000:]
+    windows = []
+    for node in fleet.nodes:
+        engine_stopped, engine_started = unit_times(fleet, node, started)
+        mps_stopped, mps_started = unit_times(
+            fleet, node, started, unit="zerolayer-mps@%s.service" % MPS_INSTANCE
+        )
+        # The daemon went down only once the engine had stopped, and was up with the new
+        # setting before the engine came back.
+        assert engine_stopped <= mps_stopped < mps_started <= engine_started, (
+            node,
+            engine_stopped,
+            mps_stopped,
+            mps_started,
+            engine_started,
+        )
+        # The daemon that runs now was told the new default when it started.
+        events = mps_events(fleet, node, MPS_INSTANCE)
+        last_start = max(i for i, event in enumerate(events) if event["event"] == "start")
+        commands = [e["command"] for e in events[last_start:] if e["event"] == "command"]
+        assert "set_default_active_thread_percentage 60" in commands, (node, events)
+        windows.append((engine_stopped, engine_started, node))
+        assert_undrained(fleet, node)
+    down = one_node_at_a_time(windows)
+    print(
+        "MPS change: %d requests (%d streams), 0 failed; engine down per node %s s"
+        % (summary["requests_ok"], summary["streams_completed"], down)
+    )

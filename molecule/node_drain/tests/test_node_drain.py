@@ -39,11 +39,11 @@ def test_the_drain_record_is_gone(host):
 
 def test_new_connections_take_the_direct_path_again(host):
     answer = host.check_output(
-        "curl -sS -o /dev/null -D - -H 'Authorization: Bearer %s' "
+        "curl -sS -k -o /dev/null -D - -H 'Authorization: Bearer %s' "
         "-H 'Content-Type: application/json' "
         '-d \'{"model": "zerolayer/sim-chat", "messages": [{"role": "user", '
         '"content": "hi"}], "max_tokens": 2}\' '
-        "http://$(hostname -I | cut -d' ' -f1):8000/v1/chat/completions" % KEY
+        "https://$(hostname -I | cut -d' ' -f1):8000/v1/chat/completions" % KEY
     )
     assert " 200 " in answer.splitlines()[0], answer
     assert "X-Zerolayer-Path: direct" in answer, answer
