@@ -208,9 +208,10 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Load the default canary gates
-  ansible.builtin.include_vars:
-    file: "{{ playbook_dir }}/vars/canary_gates.yml"
+# canary_gates: the default gates of the role zerolayer.fleet.rollout_settings
+- name: Load the settings and the default canary gates
+  ansible.builtin.import_role:
+    name: zerolayer.fleet.rollout_settings
 
 - name: Evaluate the gates of the current stage
   zerolayer.fleet.canary_gate:

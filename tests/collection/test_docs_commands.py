@@ -63,10 +63,9 @@ def commands(prefixes):
 
 def known_variables():
     names = set(RUN_ONLY_VARIABLES)
-    for path in [REPO / "playbooks" / "vars" / "canary_defaults.yml"]:
-        names.update(yaml.safe_load(path.read_text()))
-    names.update(yaml.safe_load((REPO / "playbooks" / "vars" / "canary_gates.yml").read_text()))
     for defaults in (REPO / "roles").glob("*/defaults/main.yml"):
+        names.update(yaml.safe_load(defaults.read_text()) or {})
+    for defaults in (REPO / "roles").glob("*/defaults/main/*.yml"):
         names.update(yaml.safe_load(defaults.read_text()) or {})
     return names
 

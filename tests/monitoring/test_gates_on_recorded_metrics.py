@@ -1,4 +1,5 @@
-"""The default canary gates (playbooks/vars/canary_gates.yml) on what stock engines export.
+"""The default canary gates (roles/rollout_settings/defaults/main/gates.yml) on what stock
+engines export.
 
 A real Prometheus holds small fleets built from the recorded /metrics fixtures (see
 recorded_fleet.py): vLLM alone, Triton alone (with and without its first-response
