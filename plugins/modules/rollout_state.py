@@ -55,11 +55,43 @@ options:
       - V(abort) (a person stops the rollout), V(rolled_back) (the fleet is back on the proxy
         path; O(details) may carry the measured wall time) and V(completed) finish it.
       - V(sync) writes O(record), a record read elsewhere (the controller's), to O(path).
+      - V(step) decides what the wave does next at O(point) (the rollout's state machine, in
+        C(module_utils/rollout_steps.py)), makes the record changes it implies in one write,
+        and returns the decision as RV(step).
     type: str
     required: true
     choices: [plan, status, stage_started, weight_confirmed, split_measured, hold_started, verdict,
               stage_completed, pause, resume, promote, promote_full, abort, rolled_back,
-              completed, sync]
+              completed, sync, step]
+  point:
+    description:
+      - For O(action=step), where the run decides. V(wave) the wave's record as read before its
+        stages (a paused, rolled back or aborted wave stops the run); V(request) a person's
+        decision O(request); V(verdict) the end of a hold, with the gates' last result
+        O(verdict); V(stage_end) a stage that held (or had no hold), with O(hold_s), O(weight)
+        and O(pause_after_weight).
+    type: str
+    choices: [wave, request, verdict, stage_end]
+  request:
+    description: For O(point=request), the person's decision (canary_action).
+    type: str
+    choices: [run, pause, resume, promote, promote_full, abort]
+  wave:
+    description: For O(action=step), the wave's name, for the messages.
+    type: str
+  wave_id:
+    description: For O(action=step), the wave's rollout id (C(<rollout>:<wave>)).
+    type: str
+  weight:
+    description: For O(point=verdict) and O(point=stage_end), the stage's weight in percent.
+    type: float
+  hold_s:
+    description: For O(point=stage_end), the stage's hold in seconds (0 closes the stage here).
+    type: float
+  pause_after_weight:
+    description: For O(point=stage_end), the weight after whose stage the wave pauses (0 never).
+    type: float
+    default: 0
   rollout_id:
     description:
       - Identifier of the rollout, 1-128 characters of letters, digits, C(.), C(_), C(:) or C(-).
@@ -95,7 +127,7 @@ options:
     type: bool
     default: false
   stage:
-    description: Stage index for O(action=stage_started), from 0.
+    description: Stage index for O(action=stage_started) and O(point=verdict), from 0.
     type: int
   nodes:
     description:
@@ -271,6 +303,29 @@ note:
   returned: when O(action=plan)
   type: str
   sample: resumed
+step:
+  description: For O(action=step), what the wave does next; the changes are already in the record.
+  returned: when O(action=step)
+  type: dict
+  contains:
+    changes:
+      description: The record's changes made, in order (action, reason, verdict), in one write.
+      type: list
+      elements: dict
+    halt:
+      description: Empty to carry on; else how the run stops (kind, failed, wave, message).
+      type: dict
+    rollback:
+      description: Empty, or C(kind) and C(reason) of the fast rollback to run now.
+      type: dict
+    reset_history:
+      description: The stage's gates start a fresh history (after a person's decision).
+      type: bool
+  sample:
+    changes: [{action: pause, reason: paused by request (canary_action=pause)}]
+    halt: {kind: paused, failed: false, wave: canary, message: "Rollout r1:canary paused..."}
+    rollback: {}
+    reset_history: false
 lagging_nodes:
   description: Nodes whose confirmed weight is not the current stage's weight.
   returned: always
@@ -301,9 +356,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     notify,
     rollout,
     rollout_records,
+    rollout_steps,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     MODULE_FAILURES,
+    FleetError,
     fail_module,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
@@ -318,6 +375,7 @@ def run(params, check_mode):
     path = params["path"]
     note = None
     records = None
+    decided = None
     if action == "sync":
         # A node's copy: always the file at path, whatever the controller's records are in.
         after = rollout.decode_record(params["record"], "record")
@@ -340,6 +398,16 @@ def run(params, check_mode):
             )
         elif action == "status":
             after, changed = before, False
+        elif action == "step":
+            if before is None:
+                raise FleetError(
+                    "no rollout record yet; run action=plan first", {"field": "action"}
+                )
+            decided = rollout_steps.decide(params["point"], params, rollout.summary(before, now))
+            after, changed = before, False
+            for change in decided["changes"]:
+                after, done = rollout.apply(after, change["action"], change, now, actor)
+                changed = changed or done
         else:
             after, changed = rollout.apply(before, action, params, now, actor)
     events = []
@@ -358,6 +426,8 @@ def run(params, check_mode):
     }
     if note is not None:
         result["note"] = note
+    if decided is not None:
+        result["step"] = decided
     result["events"] = events
     if events:
         result["notifications"] = notify.hand_off(records.store)
@@ -371,7 +441,7 @@ def main():
             record_key=dict(type="str", no_log=False),
             timeout=dict(type="float", default=3.0),
             **store_options(required=False),
-            action=dict(type="str", required=True, choices=list(rollout.ACTIONS)),
+            action=dict(type="str", required=True, choices=[*rollout.ACTIONS, "step"]),
             rollout_id=dict(type="str"),
             schedule=dict(type="list", elements="dict"),
             gates=dict(type="list", elements="dict"),
@@ -386,6 +456,13 @@ def main():
             details=dict(type="dict"),
             record=dict(type="dict"),
             actor=dict(type="str"),
+            point=dict(type="str", choices=list(rollout_steps.POINTS)),
+            request=dict(type="str", choices=list(rollout_steps.REQUESTS)),
+            wave=dict(type="str"),
+            wave_id=dict(type="str"),
+            weight=dict(type="float"),
+            hold_s=dict(type="float"),
+            pause_after_weight=dict(type="float", default=0),
         ),
         required_if=[
             ("action", "plan", ["rollout_id"]),
@@ -394,6 +471,10 @@ def main():
             ("action", "split_measured", ["splits"]),
             ("action", "verdict", ["verdict"]),
             ("action", "sync", ["record", "path"]),
+            ("action", "step", ["point", "wave", "wave_id"]),
+            ("point", "request", ["request"]),
+            ("point", "verdict", ["verdict", "stage", "weight"]),
+            ("point", "stage_end", ["hold_s", "weight"]),
         ],
         supports_check_mode=True,
     )

@@ -494,9 +494,24 @@ def params(path, action, **extra):
             "reason",
             "details",
             "record",
+            # action=step (tests/unit/test_rollout_steps.py)
+            "point",
+            "request",
+            "wave",
+            "wave_id",
+            "weight",
+            "hold_s",
         )
     }
-    values.update({"path": str(path), "action": action, "restart": False, "actor": ME})
+    values.update(
+        {
+            "path": str(path),
+            "action": action,
+            "restart": False,
+            "actor": ME,
+            "pause_after_weight": 0,
+        }
+    )
     values.update(extra)
     return values
 

@@ -1,0 +1,206 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""What a wave of the canary does next, at each point where a run decides.
+
+canary.yml decides at four points of a wave: when it reads the wave's record, when a person
+asked for something (canary_action), when a hold ends with the gates' decision, and when a
+stage ends. At each, a plain function of what the run knows there gives a step:
+
+  changes        the record's changes, in order, made in one compare-and-swap;
+  halt           {} to carry on, else how the run stops: kind, failed, wave, message;
+  rollback       {} or {kind, reason}: roll every node back now (the rollback then halts);
+  reset_history  the gates start a fresh history (after a person's decision).
+
+The playbooks carry the step out in their order and decide nothing themselves.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+
+POINTS = ("wave", "request", "verdict", "stage_end")
+REQUESTS = ("run", "pause", "resume", "promote", "promote_full", "abort")
+# The wave's outcomes at which a run changes nothing more.
+STOPPED_OUTCOMES = ("paused", "rolled_back", "aborted")
+# canary_gate's decisions made because someone else acted during the hold: a pause, a
+# fence raised by a rollback, the record finished or moved on by another actor.
+# Nothing more is written.
+ACTED_ELSEWHERE = ("paused", "stopped", "fenced", "moved")
+# canary_gate's decisions at the end of a hold that this run records.
+HOLD_ENDINGS = ("complete", "pause", "rollback")
+
+
+def step(changes=(), halt=None, rollback=None, reset_history=False):
+    return {
+        "changes": [dict(change) for change in changes],
+        "halt": halt or {},
+        "rollback": rollback or {},
+        "reset_history": reset_history,
+    }
+
+
+def halt(kind, failed, wave, message):
+    return {"kind": kind, "failed": failed, "wave": wave, "message": " ".join(message.split())}
+
+
+def _weight_text(weight):
+    return "%g%%" % float(weight)
+
+
+def at_wave(summary, wave_id, wave):
+    """The wave's record as read before its stages: a paused, rolled back or aborted wave
+    stops the run before anything is written."""
+    outcome = summary.get("outcome")
+    if outcome not in STOPPED_OUTCOMES:
+        return step()
+    reason = (
+        (": " + summary["pause_reason"])
+        if summary.get("paused") and summary.get("pause_reason")
+        else ""
+    )
+    next_move = (
+        "Continue with -e canary_action=resume (or promote, promote_full, abort)."
+        if outcome == "paused"
+        else "Start a new rollout with another canary_rollout_id (or -e canary_restart=true)."
+    )
+    message = "Rollout %s is %s at stage %s/%s (%s)%s. Nothing was changed. %s" % (
+        wave_id,
+        outcome,
+        summary.get("stage_number"),
+        summary.get("stage_count"),
+        _weight_text(summary.get("weight", 0)),
+        reason,
+        next_move,
+    )
+    return step(halt=halt(outcome, True, wave, message))
+
+
+def on_request(request, wave_id, wave):
+    """A person's decision (canary_action), applied to the first wave still in progress."""
+    if request not in REQUESTS:
+        raise FleetError(
+            "canary_action must be one of %s; got %r" % (", ".join(REQUESTS), request),
+            {"field": "canary_action"},
+        )
+    if request == "run":
+        return step()
+    if request == "pause":
+        return step(
+            [{"action": "pause", "reason": "paused by request (canary_action=pause)"}],
+            halt=halt(
+                "paused",
+                False,
+                wave,
+                "Rollout %s paused on request; weights stay as they are. Continue with "
+                "-e canary_action=resume." % wave_id,
+            ),
+        )
+    reason = "by request (canary_action=%s)" % request
+    if request == "abort":
+        return step(
+            [{"action": "abort", "reason": reason}],
+            rollback={"kind": "aborted", "reason": "aborted by request (canary_action=abort)"},
+        )
+    # resume, promote, promote_full: the stage's gates start a fresh history (hold budget).
+    return step([{"action": request, "reason": reason}], reset_history=True)
+
+
+def at_hold_end(verdict, wave_id, wave, stage, weight):
+    """The gates' last decision of a hold (a canary_gate result). stage: 0-based."""
+    decision = (verdict or {}).get("decision")
+    reason = (verdict or {}).get("decision_reason") or (verdict or {}).get("reason") or ""
+    where = "stage %d (%s)" % (stage + 1, _weight_text(weight))
+    if decision in ACTED_ELSEWHERE:
+        # Paused by a person: not a failure of this run. Fenced or finished elsewhere: it is.
+        next_move = {
+            "paused": " Continue with -e canary_action=resume.",
+            "fenced": " Its nodes are fenced: start a new rollout, or -e canary_take_epoch=true"
+            " to carry on on purpose.",
+        }.get(decision, "")
+        return step(
+            halt=halt(
+                decision,
+                decision not in ("paused", "moved"),
+                wave,
+                "Rollout %s stopped at %s without writing anything more: %s.%s"
+                % (wave_id, where, reason, next_move),
+            )
+        )
+    if decision not in HOLD_ENDINGS:
+        raise FleetError(
+            "verdict.decision must be one of %s; got %r"
+            % (", ".join(HOLD_ENDINGS + ACTED_ELSEWHERE), decision),
+            {"field": "verdict"},
+        )
+    verdict_change = {"action": "verdict", "verdict": verdict}
+    if decision == "complete":
+        return step([verdict_change, {"action": "stage_completed"}])
+    if decision == "pause":
+        return step(
+            [verdict_change, {"action": "pause", "reason": reason}],
+            halt=halt(
+                "paused",
+                True,
+                wave,
+                "Rollout %s paused at %s: %s (%s). The weight stays; nothing was rolled back."
+                " Continue with -e canary_action=resume once the gates can see again, or"
+                " promote, or abort." % (wave_id, where, reason, verdict.get("reason") or ""),
+            ),
+        )
+    return step(
+        [verdict_change],
+        rollback={
+            "kind": "rolled_back",
+            "reason": "gates failed at %s of wave %s: %s; %s"
+            % (where, wave, reason, verdict.get("reason") or ""),
+        },
+    )
+
+
+def at_stage_end(hold_s, weight, pause_after_weight, wave_id, wave):
+    """A stage whose hold is over (or that had none): a stage without a hold closes here,
+    and the stage named by canary_pause_after_weight pauses the wave as planned."""
+    changes = [] if float(hold_s) > 0 else [{"action": "stage_completed"}]
+    if float(pause_after_weight) > 0 and float(weight) == float(pause_after_weight):
+        changes.append(
+            {
+                "action": "pause",
+                "reason": "paused after the %s stage as planned (canary_pause_after_weight)"
+                % _weight_text(weight),
+            }
+        )
+        return step(
+            changes,
+            halt=halt(
+                "paused",
+                False,
+                wave,
+                "Rollout %s paused after the %s stage as planned (canary_pause_after_weight);"
+                " weights stay as they are. Continue with -e canary_action=resume, or roll back."
+                % (wave_id, _weight_text(weight)),
+            ),
+        )
+    return step(changes)
+
+
+def decide(point, params, summary):
+    """The step at `point` from the module's parameters and the record's summary."""
+    if point == "wave":
+        return at_wave(summary, params["wave_id"], params["wave"])
+    if point == "request":
+        return on_request(params["request"], params["wave_id"], params["wave"])
+    if point == "verdict":
+        return at_hold_end(
+            params["verdict"], params["wave_id"], params["wave"], params["stage"], params["weight"]
+        )
+    if point == "stage_end":
+        return at_stage_end(
+            params["hold_s"],
+            params["weight"],
+            params["pause_after_weight"],
+            params["wave_id"],
+            params["wave"],
+        )
+    raise FleetError(
+        "point must be one of %s; got %r" % (", ".join(POINTS), point), {"field": "point"}
+    )
