@@ -488,7 +488,7 @@ class MuxNode:
                 raise self.unavailable("no HTTP status line: %r" % head[0]) from None
             headers = {}
             for line in head[1:]:
-                name, _, value = line.partition(":")
+                name, _colon, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
             if status >= 400:
                 reason = parts[2] if len(parts) > 2 else ""
@@ -924,10 +924,8 @@ def render(results, command, started, skipped, load_before):
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
     lines += ["", "Silent nodes (no watcher), per run:", ""]
     for r in results:
-        lines.append(
-            "- %s, %d nodes, %s: %s" % (r["mode"], r["nodes"], r["watchers"],
-                                         ", ".join(r["silent_nodes"]))
-        )  # fmt: skip
+        silent = ", ".join(r["silent_nodes"])
+        lines.append("- %s, %d nodes, %s: %s" % (r["mode"], r["nodes"], r["watchers"], silent))
     return "\n".join(lines) + "\n"
 
 
