@@ -270,6 +270,13 @@ class Fleet:
             ) from None
         return subprocess.CompletedProcess(argv, process.returncode, stdout)
 
+    def kill_run(self, process):
+        """SIGKILL a background run and every process it started, as when its host dies.
+        Its process group alone is not enough: ansible-core's workers run in sessions of
+        their own, and would be left behind."""
+        kill_tree(process)
+        self.background.remove(process)
+
     def end_background_runs(self):
         """Kill what is left of every background playbook run (a test that failed half-way)."""
         while self.background:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -196,8 +195,7 @@ def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     assert "held by another runner" in second.stdout and "rollout %s" % rollout_id in second.stdout
     assert set(direct_weights(fleet).values()) == {500}, "the refused runner wrote nothing"
 
-    os.killpg(runner.pid, signal.SIGKILL)
-    runner.wait(timeout=30)
+    fleet.kill_run(runner)
     owners = zerolayer(store_config, "rollout", "status")[1]["owners"]
     holder = owners["gpu_nodes"]
     assert holder["rollout_id"] == rollout_id and holder["ttl_left_s"] > 0, owners
