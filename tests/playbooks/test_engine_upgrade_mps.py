@@ -19,6 +19,7 @@ In module order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -134,15 +135,23 @@ def remove_everything(fleet, node):
     remove_mps(fleet, node, ENGINES)
 
 
-@pytest.fixture(scope="module")
-def mps_doubles(fleet):
+@contextlib.contextmanager
+def doubles_on_every_node(fleet, remove):
+    """The TEST DOUBLES on every node for the block; remove(node) afterwards on each,
+    whatever happened."""
     try:
         for node in fleet.nodes:
             install_doubles(fleet, node)
         yield
     finally:
         for node in fleet.nodes:
-            remove_everything(fleet, node)
+            remove(node)
+
+
+@pytest.fixture(scope="module")
+def mps_doubles(fleet):
+    with doubles_on_every_node(fleet, lambda node: remove_everything(fleet, node)):
+        yield
 
 
 @pytest.fixture(scope="module")

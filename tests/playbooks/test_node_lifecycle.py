@@ -16,7 +16,7 @@ import json
 import time
 
 import pytest
-from test_engine_upgrade_mps import install_doubles, mps_events, remove_mps
+from test_engine_upgrade_mps import doubles_on_every_node, mps_events, remove_mps
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
@@ -78,6 +78,19 @@ def one_node_at_a_time(windows):
     for earlier, later in zip(windows, windows[1:]):
         assert earlier[1] < later[0], (earlier[2], later[2], windows)
     return {node: round(back - gone, 1) for gone, back, node in windows}
+
+
+def drained_change(fleet, client, *site_args):
+    """site.yml with site_args under the load of `client`: it succeeds, drains every node
+    once (one batch, a node, at a time) and loses no request; returns (run, summary)."""
+    run = fleet.playbook("site.yml", *site_args)
+    assert run.returncode == 0, run.stdout[-8000:]
+    client.wait_for_more(100, "requests after the change")
+    summary = client.stop()
+    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
+    drains = run.stdout.count("node_drain : Send no new connection on the direct path]")
+    assert drains == len(fleet.nodes), run.stdout[-8000:]
+    return run, summary
 
 
 @pytest.fixture
@@ -165,21 +178,15 @@ def test_an_engine_change_drains_each_node_in_turn_and_loses_no_request(fleet, b
     client.wait_for_more(100, "requests before the change")
     started = time.time() - 1
     try:
-        run = fleet.playbook(
-            "site.yml",
+        # Drained by the model_engine role, one batch (node) at a time.
+        _run, summary = drained_change(
+            fleet,
+            client,
             "--tags",
             "model_engine",
             "-e",
             json.dumps({"model_engine_drain_seconds": 31, "node_drain_timeout_s": 30}),
         )
-        assert run.returncode == 0, run.stdout[-8000:]
-        client.wait_for_more(100, "requests after the change")
-        summary = client.stop()
-
-        assert summary["requests_failed"] == 0, summary["failures_by_cause"]
-        # Drained by the model_engine role, one batch (node) at a time.
-        drains = run.stdout.count("node_drain : Send no new connection on the direct path]")
-        assert drains == len(fleet.nodes), run.stdout[-8000:]
         windows = []
         for node in fleet.nodes:
             # Restarted with the new setting, once.
@@ -221,13 +228,8 @@ def mps_instances(active_thread_percentage):
 def mps_doubles(fleet):
     """The TEST DOUBLES of the NVIDIA MPS tools on every node; removed afterwards with the
     instance this test runs."""
-    try:
-        for node in fleet.nodes:
-            install_doubles(fleet, node)
+    with doubles_on_every_node(fleet, lambda node: remove_mps(fleet, node, [MPS_INSTANCE])):
         yield
-    finally:
-        for node in fleet.nodes:
-            remove_mps(fleet, node, [MPS_INSTANCE])
 
 
 def test_an_mps_change_drains_each_node_in_turn_and_loses_no_request(
@@ -246,14 +248,7 @@ def test_an_mps_change_drains_each_node_in_turn_and_loses_no_request(
     client = load("mps-change")
     client.wait_for_more(100, "requests before the change")
     started = time.time() - 1
-    run = fleet.playbook("site.yml", "--tags", "cuda_mps", *mps_instances(60))
-    assert run.returncode == 0, run.stdout[-8000:]
-    client.wait_for_more(100, "requests after the change")
-    summary = client.stop()
-
-    assert summary["requests_failed"] == 0, summary["failures_by_cause"]
-    drains = run.stdout.count("node_drain : Send no new connection on the direct path]")
-    assert drains == len(fleet.nodes), run.stdout[-8000:]
+    _run, summary = drained_change(fleet, client, "--tags", "cuda_mps", *mps_instances(60))
     windows = []
     for node in fleet.nodes:
         engine_stopped, engine_started = unit_times(fleet, node, started)
