@@ -711,7 +711,7 @@ def silent_nodes(names, silent_pct):
     return set(names[::step][:silent_count])
 
 
-def run_size(args, size, mode, watchers, endpoint):
+def run_size(args, size, mode, watchers, endpoint, push_processes=None):
     names = [node_name(i) for i in range(size)]
     silent = silent_nodes(names, args.silent_pct)
     with contextlib.ExitStack() as stack:
@@ -756,10 +756,14 @@ def run_size(args, size, mode, watchers, endpoint):
         }
         if args.ack_quiet_s is not None:
             extra["rollback_ack_quiet_s"] = args.ack_quiet_s
+        if args.push_shard_nodes is not None:
+            extra["rollback_push_shard_nodes"] = args.push_shard_nodes
+        if push_processes is not None:
+            extra["rollback_push_processes"] = push_processes
         extra_file = os.path.join(workdir, "extra.json")
         Path(extra_file).write_text(json.dumps(extra))
         argv = [
-            "taskset", "-c", CONTROLLER_CPU,
+            "taskset", "-c", args.controller_cpus,
             str(REPO / ".venv" / "bin" / "ansible-playbook"),
             "-i", inventory, str(REPO / "playbooks" / "rollback.yml"), "-e", "@" + extra_file,
         ]  # fmt: skip
@@ -803,6 +807,10 @@ def run_size(args, size, mode, watchers, endpoint):
         result = {
             "mode": mode,
             "watchers": watchers,
+            "push_processes": push_processes,
+            # Per shard of the push: its nodes, exit status and seconds ([]: not sharded).
+            "push_shards": report.get("push_shards", []),
+            "controller_cpus": args.controller_cpus,
             "worker_processes": len(workers),
             "nodes": size,
             "silent": len(silent),
@@ -879,18 +887,19 @@ def render(results, command, started, skipped, load_before):
         "watchers: threads (one thread per node) or multiplexed (one selector per worker "
         "process)." % (os.uname().release, os.cpu_count(), load_before),
         "",
-        "| mode | nodes | silent | watchers | whole process s | report s (process start to "
-        "last confirmation) | by watcher | pushed | unreachable | ack seen p50 s "
+        "| mode | nodes | silent | watchers | push shards | whole process s | report s "
+        "(process start to last confirmation) | by watcher | pushed | unreachable | ack seen p50 s "
         "| ack seen max s | maps wrong | watches open s | watch re-opens | nodes' CPU s "
         "| CPU ms per reaction | load 1 min after |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
         "| ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         lines.append(
-            "| %s | %d | %d | %s | %.2f | %.2f | %d | %d | %d | %s | %s | %d | %.2f | %s | %s "
-            "| %s | %s |"
-            % (r["mode"], r["nodes"], r["silent"], r["watchers"], r["process_s"],
+            "| %s | %d | %d | %s | %d | %.2f | %.2f | %d | %d | %d | %s | %s | %d | %.2f | %s "
+            "| %s | %s | %s |"
+            % (r["mode"], r["nodes"], r["silent"], r["watchers"], len(r.get("push_shards") or []),
+               r["process_s"],
                r["report_wall_time_s"], r["confirmed_by_watcher"], r["pushed"],
                r["unreachable"], r["ack_seen_p50_s"], r["ack_seen_max_s"], r["read_back_wrong"],
                r["watchers_connected_s"], r["watch_reopens"], r["nodes_cpu_s"],
@@ -919,6 +928,30 @@ def render(results, command, started, skipped, load_before):
                    _ratio(r["ack_seen_max_s"], t["ack_seen_max_s"]),
                    _ratio(r["watchers_connected_s"], t["watchers_connected_s"]),
                    _ratio(r["nodes_cpu_s"], t["nodes_cpu_s"]))
+            )  # fmt: skip
+    sharded = [
+        (r, t)
+        for r in results
+        for t in results
+        if r.get("push_shards")
+        and not t.get("push_shards")
+        and r is not t
+        and (t["watchers"], t["nodes"], t["mode"]) == (r["watchers"], r["nodes"], r["mode"])
+    ]
+    if sharded:
+        lines += [
+            "",
+            "Side by side, push sharded / one push process (below 1: sharded took less):",
+            "",
+            "| mode | nodes | pushed | shards | report s | whole process s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r, t in sharded:
+            lines.append(
+                "| %s | %d | %d | %d | %s | %s |"
+                % (r["mode"], r["nodes"], r["pushed"] + r["unreachable"], len(r["push_shards"]),
+                   _ratio(r["report_wall_time_s"], t["report_wall_time_s"]),
+                   _ratio(r["process_s"], t["process_s"]))
             )  # fmt: skip
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
@@ -966,6 +999,24 @@ def main(argv=None):
         "count ends once no acknowledgement came for this long",
     )
     parser.add_argument(
+        "--push-processes",
+        default="",
+        help="rollback_push_processes, comma-separated for a run of each side by side "
+        "(1: one push process; 0: one per CPU; default: the playbook's own)",
+    )
+    parser.add_argument(
+        "--push-shard-nodes",
+        type=int,
+        help="rollback_push_shard_nodes: a push to more lagging nodes than this is sharded "
+        "(default: the playbook's own, 50)",
+    )
+    parser.add_argument(
+        "--controller-cpus",
+        default=CONTROLLER_CPU,
+        help="CPUs for rollback.yml and its push processes (taskset list, default "
+        "%(default)s; the simulated nodes have CPU " + NODES_CPU + ")",
+    )
+    parser.add_argument(
         "--out", default=str(REPO / "bench" / "results"), help="directory for the result files"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -999,9 +1050,11 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("fence-fanout-%s" % started.strftime("%Y%m%dT%H%M%SZ"))
     results, skipped = [], []
+    push_options = [int(value) for value in args.push_processes.split(",") if value] or [None]
+    runs = [(w, p) for w in watcher_modes for p in push_options]
     for size in [int(s) for s in args.sizes.split(",")]:
         for mode in args.modes.split(","):
-            for watchers in watcher_modes:
+            for watchers, push_processes in runs:
                 if watchers == "threads" and size > args.max_thread_nodes:
                     note = "threads at %d nodes, %s (above --max-thread-nodes %d)" % (
                         size, mode, args.max_thread_nodes)  # fmt: skip
@@ -1010,7 +1063,7 @@ def main(argv=None):
                         log("not run: " + note)
                     continue
                 with running_etcd() as member:
-                    results.append(run_size(args, size, mode, watchers, member.url))
+                    results.append(run_size(args, size, mode, watchers, member.url, push_processes))
                 # After each run: a later run that fails keeps these.
                 stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
                 stem.with_suffix(".md").write_text(
