@@ -870,6 +870,23 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
 # ---------------------------------------------------------------- the report
 
 
+# The dimensions a run is set by; two runs compared side by side differ in one of them.
+RUN_DIMENSIONS = ("mode", "nodes", "watchers", "push_processes")
+
+
+def side_by_side(results, varied, is_new):
+    """(new, old) pairs of runs alike in every dimension but `varied`, where is_new(new) and
+    not is_new(old): a ratio then shows what that one dimension changed."""
+    alike = [key for key in RUN_DIMENSIONS if key != varied]
+    return [
+        (new, old)
+        for new in results
+        if is_new(new)
+        for old in results
+        if not is_new(old) and all(new.get(key) == old.get(key) for key in alike)
+    ]
+
+
 def _ratio(new, old):
     if new is None or old in (None, 0):
         return "-"
@@ -905,13 +922,7 @@ def render(results, command, started, skipped, load_before):
                r["watchers_connected_s"], r["watch_reopens"], r["nodes_cpu_s"],
                r["reaction_cpu_ms_mean"], r["load_1m_after"])
         )  # fmt: skip
-    pairs = []
-    for r in results:
-        if r["watchers"] != "multiplexed":
-            continue
-        for t in results:
-            if (t["watchers"], t["nodes"], t["mode"]) == ("threads", r["nodes"], r["mode"]):
-                pairs.append((t, r))
+    pairs = side_by_side(results, "watchers", lambda run: run["watchers"] == "multiplexed")
     if pairs:
         lines += [
             "",
@@ -920,7 +931,7 @@ def render(results, command, started, skipped, load_before):
             "| mode | nodes | report s | ack seen max s | watches open s | nodes' CPU s |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
-        for t, r in pairs:
+        for r, t in pairs:
             lines.append(
                 "| %s | %d | %s | %s | %s | %s |"
                 % (r["mode"], r["nodes"],
@@ -929,15 +940,7 @@ def render(results, command, started, skipped, load_before):
                    _ratio(r["watchers_connected_s"], t["watchers_connected_s"]),
                    _ratio(r["nodes_cpu_s"], t["nodes_cpu_s"]))
             )  # fmt: skip
-    sharded = [
-        (r, t)
-        for r in results
-        for t in results
-        if r.get("push_shards")
-        and not t.get("push_shards")
-        and r is not t
-        and (t["watchers"], t["nodes"], t["mode"]) == (r["watchers"], r["nodes"], r["mode"])
-    ]
+    sharded = side_by_side(results, "push_processes", lambda run: bool(run.get("push_shards")))
     if sharded:
         lines += [
             "",

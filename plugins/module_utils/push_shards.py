@@ -24,8 +24,8 @@ import tempfile
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import MODES
 
-MODES = ("fast", "deep")
 MIN_SHARD_NODES = 1
 
 

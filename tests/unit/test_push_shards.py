@@ -5,6 +5,7 @@ what a shard of rollback_push.yml writes, or fails, or hangs)."""
 import json
 import os
 import sys
+import tempfile
 import time
 
 import pytest
@@ -140,8 +141,6 @@ def test_run_leaves_no_file_behind(stand_in, tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setenv("TMPDIR", str(scratch))
-    import tempfile
-
     monkeypatch.setattr(tempfile, "tempdir", None)
     run([["a"], ["b"]], command, ["/inv"], "/p.yml", {"_rollback_epoch": 1}, "fast", 30)
     assert os.listdir(scratch) == []
