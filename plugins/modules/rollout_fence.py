@@ -20,6 +20,10 @@ description:
   - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
     so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
+  - On the controller (a task delegated to localhost, or any task with a local connection and no
+    become) the call runs in the controller's own process, with the same arguments and results:
+    no module process to start before the fence is raised. Delegated to another host, the module
+    runs there.
 version_added: 0.2.0
 author:
   - Zerolayer Fleet Maintainers (@zerolayer)
@@ -133,101 +137,42 @@ waited_s:
   description: With V(wait_acks), how long it waited.
   returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: float
+ended_at_unix:
+  description:
+    - With V(wait_acks), when the count ended, in Unix seconds on the controller's clock. With no
+      node lagging that is when the last acknowledgement was seen: the moment a rollback without
+      a push is confirmed.
+  returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
+  type: float
 store_error:
   description: Why the store could not be reached, when it could not.
   returned: when the store could not be reached
   type: str
 """
 
-import getpass
-import socket
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
-    StoreUnavailable,
-    store_from_params,
-    store_options,
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
+    ARGUMENT_SPEC,
+    REQUIRED_IF,
+    fence_call,
 )
 
 
 def main():
+    # On the controller the action plugin of the same name runs fence_call in its own
+    # process; this is what runs where the task is delegated to another host.
     module = AnsibleModule(
-        argument_spec=dict(
-            action=dict(type="str", choices=["read", "raise", "wait_acks"], default="read"),
-            epoch=dict(type="int"),
-            nodes=dict(type="list", elements="str", default=[]),
-            wait_s=dict(type="float", default=2.0),
-            quiet_s=dict(type="float"),
-            rollback_mode=dict(type="str", choices=["fast", "deep", "abort"], default="fast"),
-            reason=dict(type="str", default="requested"),
-            actor=dict(type="str"),
-            at_least=dict(type="int", default=0),
-            require_store=dict(type="bool", default=False),
-            **store_options(),
-        ),
-        required_if=[("action", "wait_acks", ["epoch"])],
-        supports_check_mode=True,
+        argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True
     )
-    params = module.params
-    if params["quiet_s"] is not None and params["quiet_s"] <= 0:
-        module.fail_json(
-            msg="quiet_s must be above 0 seconds (or left out); got %r" % params["quiet_s"],
-            field="quiet_s",
-        )
-    if params["action"] == "wait_acks":
-        wait_acks(module, params)
-    actor = params["actor"] or "%s@%s" % (getpass.getuser(), socket.gethostname())
-    before = None
     try:
-        store = store_from_params(params)
-        before = store.fence()
-        if params["action"] == "read":
-            module.exit_json(changed=False, fence=before, store_updated=False)
-        if module.check_mode:
-            after = dict(before, epoch=max(before["epoch"], params["at_least"]) + 1)
-        else:
-            after = store.raise_fence(
-                params["rollback_mode"], params["reason"], actor, params["at_least"]
-            )
-    except StoreUnavailable as exc:
-        if params["action"] == "read" or params["require_store"]:
-            module.fail_json(**exc.fail_json_kwargs())
-        module.exit_json(changed=False, fence=None, store_updated=False, store_error=exc.message)
+        result = fence_call(module.params, module.check_mode, module._diff)
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
-    output = {"changed": True, "fence": after, "store_updated": not module.check_mode}
-    if params["nodes"] and params["wait_s"] > 0 and not module.check_mode:
-        output.update(count_acks(store, params, after["epoch"]))
-    if module._diff:
-        output["diff"] = {"before": before, "after": after}
-    module.exit_json(**output)
-
-
-def wait_acks(module, params):
-    """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
-    if params["wait_s"] < 0 or params["epoch"] < 1:
-        module.fail_json(
-            msg="wait_acks needs epoch >= 1 and wait_s >= 0; got epoch %r, wait_s %r"
-            % (params["epoch"], params["wait_s"]),
-            field="epoch" if params["epoch"] < 1 else "wait_s",
-        )
-    try:
-        counted = count_acks(store_from_params(params), params, params["epoch"])
-    except MODULE_FAILURES as exc:
-        fail_module(module, exc)
-    module.exit_json(changed=False, **counted)
-
-
-def count_acks(store, params, epoch):
-    acked, lagging, waited = store.wait_for_acks(
-        epoch, params["nodes"], params["wait_s"],
-        deep=params["rollback_mode"] == "deep", quiet_s=params["quiet_s"],
-    )  # fmt: skip
-    return {"acked": acked, "lagging": lagging, "waited_s": waited}
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

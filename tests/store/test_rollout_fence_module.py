@@ -1,9 +1,14 @@
 """rollout_fence through Ansible against a real etcd: raise and count in one call, the count's
 rules, and bad input refused with the field named."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from .adhoc import run_module
+from .adhoc import REPO, run_module
 
 
 def rollout_fence(etcd_url, prefix, **args):
@@ -42,3 +47,39 @@ def test_bad_input_is_refused_naming_the_field_and_the_fence_stays(etcd_url, sto
     refused = rollout_fence(etcd_url, store.prefix, **args)
     assert refused.get("failed") and refused["field"] == field, refused
     assert store.fence()["epoch"] == 0, "a refused call raised the fence"
+
+
+def run_module_file(etcd_url, prefix, tmp_path, **args):
+    """The module itself, as it runs on a host the task is delegated to (no action plugin)."""
+    args_file = tmp_path / "args.json"
+    args_file.write_text(
+        json.dumps({"ANSIBLE_MODULE_ARGS": dict(args, endpoints=[etcd_url], prefix=prefix)})
+    )
+    done = subprocess.run(
+        [sys.executable, os.path.join(REPO, "plugins", "modules", "rollout_fence.py"),
+         str(args_file)],
+        env=dict(os.environ, PYTHONPATH=os.path.join(REPO, ".collections")),
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
+def test_the_module_on_a_host_and_the_controller_s_own_run_give_the_same_answers(
+    etcd_url, store, tmp_path
+):
+    on_host = run_module_file(
+        etcd_url, store.prefix, tmp_path, action="raise", reason="t", nodes=["n1"], wait_s=0.3
+    )
+    on_controller = rollout_fence(
+        etcd_url, store.prefix, action="raise", reason="t", nodes=["n1"], wait_s=0.3
+    )
+    # AnsibleModule returns its invocation; the controller's in-process run has no module.
+    assert "invocation" in on_host and "invocation" not in on_controller
+    assert (on_host["fence"]["epoch"], on_controller["fence"]["epoch"]) == (1, 2)
+    for result in (on_host, on_controller):
+        assert result["lagging"] == ["n1"] and result["acked"] == {}, result
+        assert result["ended_at_unix"] >= result["fence"]["at_unix"], result
+    assert set(on_host) - {"invocation"} <= set(on_controller), (on_host, on_controller)
+    refused = run_module_file(etcd_url, store.prefix, tmp_path, action="raise", quiet_s=0)
+    assert refused.get("failed") and refused["field"] == "quiet_s", refused
+    assert store.fence()["epoch"] == 2, "a refused call raised the fence"
