@@ -17,8 +17,9 @@ version_added: 0.2.0
 description:
   - For every node of I(_input), in order, the entry the rollback report lists. A node in
     I(acked) is confirmed by its fence watcher (the entry is built from its acknowledgement);
-    any other takes its entry from I(pushed); a node in neither did not answer.
-positional: _input, acked, pushed, mode
+    any other takes its entry from I(pushed), else from I(push_results); a node in none of them
+    did not answer.
+positional: _input, acked, pushed, mode, push_results
 options:
   _input:
     description: The rollback's target nodes (inventory names).
@@ -30,7 +31,7 @@ options:
     type: dict
     required: true
   pushed:
-    description: The entry the push noted for each node it reached (null or absent where none).
+    description: The entry a sharded push handed back for each node (null or absent where none).
     type: dict
     required: true
   mode:
@@ -38,12 +39,19 @@ options:
     type: str
     choices: [fast, deep]
     required: true
+  push_results:
+    description:
+      - What this process's push left on each node it pushed. Fast, the registered result of the
+        raw call (C(zerolayer-routectl rollback) prints one JSON line; the node is confirmed when
+        it exited 0 and says C(rolled_back)); deep, the entry C(deep_push.yml) noted.
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
 - name: Gather each node's confirmation
   ansible.builtin.set_fact:
-    nodes: "{{ targets | zerolayer.fleet.rollback_confirmations(acks.acked, pushed, 'fast') }}"
+    nodes: "{{ targets | zerolayer.fleet.rollback_confirmations(acked, {}, 'fast', raw) }}"
 """
 
 RETURN = r"""
@@ -57,9 +65,9 @@ _value:
 """
 
 
-def rollback_confirmations(targets, acked, pushed, mode):
+def rollback_confirmations(targets, acked, pushed, mode, push_results=None):
     try:
-        return node_confirmations(targets, acked, pushed, mode)
+        return node_confirmations(targets, acked, pushed, mode, push_results)
     except FleetError as error:
         raise AnsibleFilterError("rollback_confirmations: %s" % error.message) from None
 

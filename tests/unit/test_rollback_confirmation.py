@@ -4,6 +4,7 @@ import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import (
     NO_RESULT,
+    by_fast_push,
     by_watcher,
     node_confirmations,
 )
@@ -93,3 +94,75 @@ def test_an_unknown_mode_is_refused_naming_the_field(mode):
     with pytest.raises(FleetError) as refused:
         node_confirmations(["n1"], {}, {}, mode)
     assert refused.value.details == {"field": "mode"}
+
+
+# What `raw: zerolayer-routectl rollback` registers on a node it reached.
+ROUTECTL_LINE = (
+    '{"elapsed_ms": 3.2, "fence_epoch": 9, "rolled_back": true,'
+    ' "routes": [{"route": "chat", "weight_before": 2000, "weight": 0}]}'
+)
+PUSHED = {"rc": 0, "stdout": "warming up\r\n" + ROUTECTL_LINE + "\r\n", "stderr": ""}
+
+
+def test_a_fast_push_that_rolled_back_is_a_confirmed_line_from_the_last_json_line():
+    assert by_fast_push("n2", PUSHED) == {
+        "node": "n2",
+        "reached": True,
+        "confirmed": True,
+        "confirmed_by": "push",
+        "routes": [{"route": "chat", "weight_before": 2000, "weight": 0}],
+        "fence_epoch": 9,
+        "node_elapsed_ms": 3.2,
+        "error": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "result, reached, error",
+    [
+        # routectl refused (a weight write fenced, a map missing): its own words.
+        ({"rc": 1, "stdout": '{"rolled_back": false}', "stderr": " map gone \n"}, True, "map gone"),
+        # It exited 0 but did not say every route is at 0.
+        ({"rc": 0, "stdout": '{"rolled_back": false}', "stderr": ""}, True, "exit status 0"),
+        # No JSON at all, or a line that only looks like it.
+        ({"rc": 0, "stdout": "{not json", "stderr": ""}, True, "exit status 0"),
+        ({"rc": 127, "stdout": "", "stderr": "", "msg": "non-zero return code"}, True,
+         "non-zero return code"),
+        ({"unreachable": True, "msg": "ssh: connect to host n2 port 22: refused"}, False,
+         "ssh: connect to host n2 port 22: refused"),
+        ({"unreachable": True}, False, "exit status none"),
+    ],
+)  # fmt: skip
+def test_a_fast_push_that_did_not_roll_back_says_why(result, reached, error):
+    entry = by_fast_push("n2", result)
+    assert (entry["reached"], entry["confirmed"], entry["error"]) == (reached, False, error)
+    assert entry["confirmed_by"] == "push"
+
+
+@pytest.mark.parametrize("result", [None, {"skipped": True, "changed": False}, "text"])
+def test_a_node_the_push_did_not_run_on_has_no_push_line(result):
+    assert by_fast_push("n2", result) is None
+
+
+def test_fast_push_results_fill_the_lines_a_sharded_push_did_not_and_never_an_acked_one():
+    failed = {"rc": 1, "stdout": "", "stderr": "fenced"}
+    sharded = {"n3": {"node": "n3", "reached": True, "confirmed": True, "confirmed_by": "push"}}
+    lines = node_confirmations(
+        ["n1", "n2", "n3", "n4", "n5"],
+        {"n1": FAST_ACK},
+        sharded,
+        "fast",
+        {"n1": failed, "n2": PUSHED, "n3": failed, "n4": failed},
+    )
+    assert [(line["node"], line["confirmed"]) for line in lines] == [
+        ("n1", True), ("n2", True), ("n3", True), ("n4", False), ("n5", False)
+    ]  # fmt: skip
+    assert lines[0]["confirmed_by"] == "watcher" and lines[2] is sharded["n3"]
+    assert lines[3]["error"] == "fenced" and lines[4]["error"] == NO_RESULT
+
+
+def test_a_deep_push_line_is_what_deep_push_noted_for_that_node():
+    noted = {"node": "n2", "reached": True, "confirmed": True, "confirmed_by": "push"}
+    lines = node_confirmations(["n2", "n3"], {}, {}, "deep", {"n2": noted, "n3": {"rc": 0}})
+    assert lines[0] is noted
+    assert lines[1]["error"] == NO_RESULT, "a result that is no deep note confirms nothing"
