@@ -222,11 +222,14 @@ class EtcdClient:
         """Every KeyValue under prefix (created at min_create_revision or later, when given)."""
         return self.get_prefix_at(prefix, min_create_revision)[0]
 
-    def get_prefix_at(self, prefix, min_create_revision=0):
-        """(every KeyValue under prefix, the store's revision of that read)."""
+    def get_prefix_at(self, prefix, min_create_revision=0, min_mod_revision=0):
+        """(every KeyValue under prefix, the store's revision of that read); with
+        min_mod_revision, only those written at that revision or later."""
         body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
         if min_create_revision:
             body["min_create_revision"] = str(int(min_create_revision))
+        if min_mod_revision:
+            body["min_mod_revision"] = str(int(min_mod_revision))
         answer = self.call("/v3/kv/range", body)
         return [KeyValue(raw) for raw in answer.get("kvs") or []], self.revision(answer)
 

@@ -237,9 +237,13 @@ class RolloutStore:
         its own timestamps (a node's clock) are not used for anything. With deep, only a
         deep rollback's ack counts: a later fast fence's ack says nothing of the router.
         """
-        wanted = set(nodes)
+        return self._acknowledged_since(epoch, set(nodes), deep)[0]
+
+    def _acknowledged_since(self, epoch, wanted, deep, revision=0):
+        """(acknowledged() of the acks written at revision or later, the read's revision)."""
         found = {}
-        for kv in self.client.get_prefix(self.key("acks") + "/"):
+        kvs, read_at = self.client.get_prefix_at(self.key("acks") + "/", min_mod_revision=revision)
+        for kv in kvs:
             node = kv.key[len(self.key("acks") + "/") :]
             if node not in wanted:
                 continue
@@ -256,7 +260,7 @@ class RolloutStore:
                 and (not deep or ack.get("action") == "deep")
             ):
                 found[node] = ack
-        return found
+        return found, read_at
 
     def wait_for_acks(
         self,
@@ -277,16 +281,22 @@ class RolloutStore:
         is down or cut off, and waiting longer only delays its push. A read that is slow
         (a busy store) never ends the count by itself. Returns (acked {node: ack with
         seen_after_s, the controller's own clock}, lagging [nodes], waited_s). A read that
-        fails is tried again while wait_s lasts; the lagging nodes then get the push.
+        fails is tried again while wait_s lasts; the lagging nodes then get the push. After
+        the first read, each read asks only for the acks written since the one before: at
+        1,000 nodes a whole read every 20 ms kept the store and the controller busy decoding
+        acknowledgements already counted.
         """
         sleep = sleep or time.sleep
         started = clock()
         acked = {}
         last_new = None
+        wanted = set(nodes)
+        since = 0
         while True:
             asked = clock()
             try:
-                found = self.acknowledged(epoch, nodes, deep)
+                found, read_at = self._acknowledged_since(epoch, wanted, deep, since)
+                since = read_at + 1
             except StoreUnavailable:
                 found = {}
             now = clock()

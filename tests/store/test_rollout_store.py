@@ -366,3 +366,27 @@ def test_waiting_ends_as_soon_as_every_node_confirmed(store):
     store.client.put(store.key("acks", "n1"), {"epoch": 1, "confirmed": True})
     acked, lagging, waited = store.wait_for_acks(1, ["n1"], wait_s=30)
     assert list(acked) == ["n1"] and lagging == [] and waited < 5
+
+
+def test_after_its_first_read_the_count_asks_only_for_acks_written_since(store):
+    # An ack that was there before the count (a push, an earlier run) is counted by the first
+    # read; later reads ask from the last one's revision on, and still see what comes.
+    store.client.put(store.key("acks", "n1"), {"epoch": 4, "confirmed": True})
+    reads = []
+    read_prefix = store.client.get_prefix_at
+
+    def spying_read(prefix, min_create_revision=0, min_mod_revision=0):
+        kvs, revision = read_prefix(prefix, min_create_revision, min_mod_revision)
+        reads.append((min_mod_revision, len(kvs), revision))
+        if len(reads) == 2:  # n2 acknowledges while the count runs
+            store.client.put(store.key("acks", "n2"), {"epoch": 4, "confirmed": True})
+        return kvs, revision
+
+    store.client.get_prefix_at = spying_read
+    acked, lagging, _waited = store.wait_for_acks(4, ["n1", "n2"], wait_s=10)
+    assert sorted(acked) == ["n1", "n2"] and lagging == []
+    (first_from, first_kvs, first_at), (second_from, second_kvs, second_at) = reads[:2]
+    assert (first_from, first_kvs) == (0, 1), reads
+    # The second read starts after the first and finds nothing new; the third finds only n2.
+    assert (second_from, second_kvs) == (first_at + 1, 0), reads
+    assert reads[2][:2] == (second_at + 1, 1), reads
