@@ -4,9 +4,11 @@ One run, side by side: a sandbox fleet of the largest size is started and provis
 (the roles a rollback touches: rollout_store, model_engine, legacy_proxy, ebpf_router with
 its fence watcher), reached over SSH as a real fleet is, then for each round every size is
 measured in turn with `rollback.yml -e rollback_hosts=<first n nodes>` on two paths:
-`watcher` (the fence raised, the nodes' watchers acknowledge, the push only where they lag)
-and `push` (no acknowledgement awaited, `rollback_ack_wait_s=0`: every node gets the push,
-so the push's per-node cost over SSH shows), next to the floors the controller cannot go
+`watcher` (the fence raised, the nodes' watchers acknowledge, the push only where they lag),
+`static` (fast only: the same with the inventory read from a file written once from the
+sandbox's, as a fleet's inventory is, instead of asking podman on every run) and `push` (no
+acknowledgement awaited, `rollback_ack_wait_s=0`: every node gets the push, so the push's
+per-node cost over SSH shows), next to the floors the controller cannot go
 below on the same nodes: an `ansible -m raw` no-op and an `ansible -m ansible.builtin.ping`
 (a Python module) no-op. Each deep rollback is followed by restore.yml (also timed). The
 time compared with the budgets is the report's: from the ansible-playbook process's start to
@@ -15,6 +17,7 @@ the last confirmation. Per-node cost is the least-squares slope of wall time ove
 
     .venv/bin/python bench/rollback_scale.py                     # sizes 1,5,10,20, 3 rounds
     .venv/bin/python bench/rollback_scale.py --sizes 1,5 --rounds 1 --deep-rounds 1
+    .venv/bin/python bench/rollback_scale.py --sizes 1,10 --deep-rounds 0  # fast only
 
 Writes bench/results/rollback-scale-<UTC time>.md and .json. Removes the fleet at the end
 unless --keep-fleet. As root, from the checkout, after scripts/setup.
@@ -40,8 +43,12 @@ SANDBOX = REPO / "scripts" / "sandbox"
 INVENTORY = REPO / "inventories" / "sandbox"
 ROUTECTL = "/usr/local/sbin/zerolayer-routectl"
 PROVISION_TAGS = "rollout_store,model_engine,legacy_proxy,ebpf_router"
-# The two ways a node is confirmed: by its fence watcher, or (no wait) by the push.
-PATHS = ("watcher", "push")
+# The ways a rollback is measured: confirmed by the nodes' fence watchers; the same with the
+# inventory read from a static file instead of asking podman (what a fleet's inventory is: a
+# file, or a cached cloud inventory); every node pushed, no acknowledgement awaited.
+FAST_PATHS = ("watcher", "static", "push")
+DEEP_PATHS = ("watcher", "push")
+RUN_KEYS = ["fast_" + path for path in FAST_PATHS] + ["deep_" + path for path in DEEP_PATHS]
 
 
 def log(message):
@@ -100,8 +107,18 @@ def set_weight(env, nodes, percent):
         list(pool.map(one, nodes))
 
 
+def static_inventory(env, workdir):
+    """The sandbox's inventory written once to a file: the same hosts, groups and variables
+    (group variables kept with their groups), read without asking podman."""
+    path = Path(workdir) / "static-inventory.yml"
+    timed(["ansible-inventory", "-i", str(INVENTORY), "--list", "--yaml", "--export",
+           "--output", str(path)], env)  # fmt: skip
+    return path
+
+
 def rollback(env, nodes, mode, path, workdir):
     report = Path(workdir) / ("rollback-%s-%d-%d.json" % (mode, len(nodes), time.time_ns()))
+    inventory = Path(workdir) / "static-inventory.yml" if path == "static" else INVENTORY
     # push: no acknowledgement is awaited, every node gets the push.
     wait = []
     if path == "push":
@@ -110,7 +127,7 @@ def rollback(env, nodes, mode, path, workdir):
         [
             "ansible-playbook",
             "-i",
-            str(INVENTORY),
+            str(inventory),
             str(REPO / "playbooks" / "rollback.yml"),
             "-e",
             "rollback_mode=%s" % mode,
@@ -128,7 +145,7 @@ def rollback(env, nodes, mode, path, workdir):
     if int(facts["nodes_confirmed"]) != len(nodes):
         raise RuntimeError("%s rollback confirmed %s of %d nodes" % (mode, facts, len(nodes)))
     by_watcher = len(facts["confirmed_by_watcher"])
-    if path == "watcher" and by_watcher != len(nodes):
+    if path != "push" and by_watcher != len(nodes):
         raise RuntimeError("%s rollback: only %s confirmed by their watcher" % (mode, by_watcher))
     return {
         "report_wall_s": float(facts["wall_time_s"]),
@@ -189,15 +206,15 @@ def measure(args, env, workdir):
     largest = node_names(max(sizes))
     rows = {n: {"raw": [], "python": [], "restore": []} for n in sizes}
     for n in sizes:
-        for mode in ("fast", "deep"):
-            for path in PATHS:
-                rows[n]["%s_%s" % (mode, path)] = []
+        for key in RUN_KEYS:
+            rows[n][key] = []
+    static_inventory(env, workdir)
     for round_index in range(args.rounds):
         for n in sizes:
             nodes = largest[:n]
             rows[n]["raw"].append(adhoc(env, nodes, "raw"))
             rows[n]["python"].append(adhoc(env, nodes, "ansible.builtin.ping"))
-            for path in PATHS:
+            for path in FAST_PATHS:
                 set_weight(env, nodes, 50)
                 run = rollback(env, nodes, "fast", path, workdir)
                 rows[n]["fast_" + path].append(run)
@@ -212,7 +229,7 @@ def measure(args, env, workdir):
     for round_index in range(args.deep_rounds):
         for n in sizes:
             nodes = largest[:n]
-            for path in PATHS:
+            for path in DEEP_PATHS:
                 run = rollback(env, nodes, "deep", path, workdir)
                 rows[n]["deep_" + path].append(run)
                 rows[n]["restore"].append(restore(env, nodes))
@@ -225,7 +242,9 @@ def measure(args, env, workdir):
     return rows
 
 
-RUN_KEYS = ["%s_%s" % (mode, path) for mode in ("fast", "deep") for path in PATHS]
+def median_or_none(values):
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def summarise(rows):
@@ -233,16 +252,18 @@ def summarise(rows):
     for n, row in sorted(rows.items()):
         entry = {
             "nodes": n,
-            "restore_s": statistics.median(row["restore"]),
-            "raw_noop_s": statistics.median(row["raw"]),
-            "python_noop_s": statistics.median(row["python"]),
+            "restore_s": median_or_none(row["restore"]),
+            "raw_noop_s": median_or_none(row["raw"]),
+            "python_noop_s": median_or_none(row["python"]),
         }
         for key in RUN_KEYS:
-            entry[key + "_report_s"] = statistics.median(r["report_wall_s"] for r in row[key])
-            entry[key + "_process_s"] = statistics.median(r["playbook_wall_s"] for r in row[key])
+            entry[key + "_report_s"] = median_or_none(r["report_wall_s"] for r in row[key])
+            entry[key + "_process_s"] = median_or_none(r["playbook_wall_s"] for r in row[key])
         table.append(entry)
     fits = {}
     for key in [k + "_report_s" for k in RUN_KEYS] + ["raw_noop_s", "python_noop_s"]:
+        if any(row[key] is None for row in table):
+            continue  # not measured (no deep rounds)
         intercept, per_node = slope([(row["nodes"], row[key]) for row in table])
         fits[key] = {
             "intercept_s": round(intercept, 3),
@@ -262,19 +283,24 @@ def markdown(table, fits, settings, started, args):
         "`report` is the rollback's own measurement (the ansible-playbook process's start to "
         "the last confirmation, the figure the budgets judge); `process` is the whole "
         "`ansible-playbook` process (with the report, its files and records). `watcher`: the "
-        "nodes' fence watchers confirm; `push`: no acknowledgement awaited, every node pushed.",
+        "nodes' fence watchers confirm; `static`: the same, the inventory read from a file "
+        "written once from the sandbox's (`ansible-inventory --list --yaml --export`) instead of "
+        "asking podman; `push`: no acknowledgement awaited, every node pushed.",
         "",
-        "| nodes | fast watcher report / process s | fast push report / process s | "
-        "deep watcher report / process s | deep push report / process s | restore s | "
-        "raw no-op s | Python no-op s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| nodes | "
+        + " | ".join("%s report / process s" % key.replace("_", " ") for key in RUN_KEYS)
+        + " | restore s | raw no-op s | Python no-op s |",
+        "|" + " --- |" * (len(RUN_KEYS) + 4),
     ]
     for row in table:
         cells = ["%d" % row["nodes"]]
         for key in RUN_KEYS:
+            if row[key + "_report_s"] is None:
+                cells.append("not measured")
+                continue
             cells.append("%.2f / %.2f" % (row[key + "_report_s"], row[key + "_process_s"]))
-        cells += ["%.1f" % row["restore_s"], "%.2f" % row["raw_noop_s"],
-                  "%.2f" % row["python_noop_s"]]  # fmt: skip
+        cells += ["%.1f" % row["restore_s"] if row["restore_s"] is not None else "not measured",
+                  "%.2f" % row["raw_noop_s"], "%.2f" % row["python_noop_s"]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| fit | intercept s | per node s | 100 nodes s | 1,000 nodes s |"]
     lines.append("| --- | --- | --- | --- | --- |")
@@ -296,7 +322,9 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--sizes", default="1,5,10,20", help="node counts, comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of fast rollbacks")
-    parser.add_argument("--deep-rounds", type=int, default=1, help="rounds of deep rollbacks")
+    parser.add_argument(
+        "--deep-rounds", type=int, default=1, help="rounds of deep rollbacks (0: none)"
+    )
     parser.add_argument("--keep-fleet", action="store_true", help="leave the fleet running")
     parser.add_argument(
         "--reuse-fleet", action="store_true", help="use a fleet already up and provisioned"
@@ -309,8 +337,8 @@ def parse_args(argv):
         parser.error("--sizes must be whole numbers separated by commas, e.g. 1,5,10,20")
     if args.sizes[0] < 1 or args.sizes[-1] > 99:
         parser.error("--sizes must be from 1 to 99 (the sandbox's limit)")
-    if args.rounds < 1 or args.deep_rounds < 1:
-        parser.error("--rounds and --deep-rounds must be at least 1")
+    if args.rounds < 1 or args.deep_rounds < 0:
+        parser.error("--rounds must be at least 1 and --deep-rounds at least 0")
     return args
 
 
