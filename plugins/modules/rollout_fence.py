@@ -21,9 +21,9 @@ description:
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
     so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
   - On the controller (a task delegated to localhost, or any task with a local connection and no
-    become) the call runs in the controller's own process, with the same arguments and results:
-    no module process to start before the fence is raised. Delegated to another host, the module
-    runs there.
+    become) the call runs in the controller's own process, with the same arguments and results,
+    so no module process has to start before the fence is raised. Delegated to another host, the
+    module runs there.
 version_added: 0.2.0
 author:
   - Zerolayer Fleet Maintainers (@zerolayer)
@@ -140,7 +140,7 @@ waited_s:
 ended_at_unix:
   description:
     - With V(wait_acks), when the count ended, in Unix seconds on the controller's clock. With no
-      node lagging that is when the last acknowledgement was seen: the moment a rollback without
+      node lagging that is when the last acknowledgement was seen, the moment a rollback without
       a push is confirmed.
   returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: float
