@@ -122,6 +122,18 @@ def test_ansible_reaches_every_node(fleet):
         assert f"{node} | SUCCESS" in result.stdout
 
 
+def test_up_refuses_a_smaller_fleet_over_a_larger_one_and_changes_nothing(fleet):
+    # A larger fleet left running (a bench's --keep-fleet) would join every playbook's
+    # inventory: `up` names its extra nodes and stops.
+    before = fleet_containers()
+    refused = run(str(SANDBOX), "up", "1", check=False)
+    assert refused.returncode != 0
+    assert "zl-node-02" in refused.stderr and "scripts/sandbox down" in refused.stderr, refused
+    assert fleet_containers() == before
+    for node in fleet:
+        assert in_node(node, "systemctl", "is-system-running") in {"running", "degraded"}, node
+
+
 def test_down_removes_everything_and_is_idempotent(fleet):
     run(str(SANDBOX), "down")
     assert fleet_containers() == []
