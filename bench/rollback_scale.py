@@ -49,6 +49,8 @@ PROVISION_TAGS = "rollout_store,model_engine,legacy_proxy,ebpf_router"
 FAST_PATHS = ("watcher", "static", "push")
 DEEP_PATHS = ("watcher", "push")
 RUN_KEYS = ["fast_" + path for path in FAST_PATHS] + ["deep_" + path for path in DEEP_PATHS]
+# The static path's inventory, written once per run into the run's work directory.
+STATIC_INVENTORY = "static-inventory.yml"
 
 
 def log(message):
@@ -110,7 +112,7 @@ def set_weight(env, nodes, percent):
 def static_inventory(env, workdir):
     """The sandbox's inventory written once to a file: the same hosts, groups and variables
     (group variables kept with their groups), read without asking podman."""
-    path = Path(workdir) / "static-inventory.yml"
+    path = Path(workdir) / STATIC_INVENTORY
     timed(["ansible-inventory", "-i", str(INVENTORY), "--list", "--yaml", "--export",
            "--output", str(path)], env)  # fmt: skip
     return path
@@ -118,7 +120,7 @@ def static_inventory(env, workdir):
 
 def rollback(env, nodes, mode, path, workdir):
     report = Path(workdir) / ("rollback-%s-%d-%d.json" % (mode, len(nodes), time.time_ns()))
-    inventory = Path(workdir) / "static-inventory.yml" if path == "static" else INVENTORY
+    inventory = Path(workdir) / STATIC_INVENTORY if path == "static" else INVENTORY
     # push: no acknowledgement is awaited, every node gets the push.
     wait = []
     if path == "push":
