@@ -8,7 +8,9 @@ fast or abort, weight 0 on every route (blind 4-byte writes, routes.zero_weights
 the deep rollback (router detached and kept so across reboots), then the proxy started and
 every route's port asked which path answers, as the playbook's push does. It raises the node's
 fence to that epoch first, the same epoch every weight write is checked against, reads
-the result back and writes its acknowledgement to acks/<node> in the store. On every
+the result back and writes its acknowledgement to acks/<node> in the store. Then it follows
+the direct-path connections that pooled clients still hold (direct_drain) until the engines
+have let them all go, and writes how long that took to acks/<node>/direct. On every
 (re)connection it reads the fence before it watches, so a watcher that was down, a store
 that restarted or a node that rebooted catches up.
 
@@ -22,7 +24,6 @@ one; run() is the loop around them.
 
 from __future__ import annotations
 
-import ctypes
 import http.client
 import json
 import os
@@ -35,6 +36,7 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import in_netns
 
 DEFAULT_STATUS_FILE = "/run/zerolayer/fence-watcher.json"
 # The store's fence actions (rollout_store.FENCE_ACTIONS) and what each one does here.
@@ -47,6 +49,10 @@ RETRY_MAX_S = 5.0
 # The legacy proxy marks every answer with the path that served it (legacy_proxy role).
 PATH_HEADER = "X-Zerolayer-Path"
 PROBE_TIMEOUT_S = 5.0
+# After a rollback the watcher counts the direct-path connections pooled clients still hold
+# until none is left, for at most the fast rollback's promise, and reports it in
+# acks/<node>/direct (the node's own key prefix): the acknowledgement itself never waits.
+DIRECT_DRAIN_WAIT_S = 30.0
 
 
 class FenceRefused(FleetError):
@@ -126,37 +132,14 @@ def read_back(layout):
     }
 
 
-CLONE_NEWNET = 0x40000000
 SELF_NETNS = "/proc/self/ns/net"
 
 
 def connect_in_netns(netns_path, port, timeout):
-    """A TCP connection to 127.0.0.1:port made inside the netns the router steers.
-
-    The node's own netns (the usual case) connects directly; another one (a node that runs
-    its services in a netns of their own) is entered by one short-lived thread, as setns(2)
-    moves only the calling thread and a socket keeps the netns it was made in.
-    """
-    if not netns_path or os.stat(netns_path).st_ino == os.stat(SELF_NETNS).st_ino:
-        return socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    made = {}
-
-    def enter_and_connect():
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(netns_path) as netns:
-                if libc.setns(netns.fileno(), CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns %s" % netns_path)
-            made["socket"] = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        except OSError as exc:
-            made["error"] = exc
-
-    thread = threading.Thread(target=enter_and_connect, name="netns-probe")
-    thread.start()
-    thread.join()
-    if "error" in made:
-        raise made["error"]
-    return made["socket"]
+    """A TCP connection to 127.0.0.1:port made inside the netns the router steers."""
+    return in_netns(
+        netns_path, lambda: socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    )
 
 
 def proxy_after_deep(routes, proxy_service, netns_path=None, run=subprocess.run):
@@ -295,12 +278,53 @@ class Watcher:
             seen.update(proxy_after_deep(self.routes, self.proxy_service, self.netns))
         ack = acknowledgement(self.node, epoch, action, step, seen, started)
         self.store.client.put(self.store.key("acks", self.node), ack)
+        if self.routes:
+            threading.Thread(
+                target=self.follow_direct_drain,
+                args=(epoch, action, started),
+                name="direct-drain",
+                daemon=True,
+            ).start()
         self.status.update(
             node_epoch=seen["node_epoch"], last_ack_epoch=epoch, last_ack_at_unix=ack["at_unix"]
         )
         self.log("fence epoch %d (%s): %s, acknowledged" % (epoch, action, step))
         self.write_status()
         return ack
+
+    def follow_direct_drain(self, epoch, action, started, wait_s=DIRECT_DRAIN_WAIT_S):
+        """Count the direct connections left until none is, then report it in the store:
+        {node, epoch, action, first, left, drained, drained_after_s (from the fence's
+        arrival), waited_s}. A store that cannot take it is logged, never retried."""
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
+            wait_until_drained,
+        )
+
+        try:
+            outcome = wait_until_drained(
+                {route["name"]: route["port"] for route in self.routes},
+                max(0.0, wait_s - (time.monotonic() - started)),
+                self.netns,
+            )
+            since_fence = round(time.monotonic() - started, 3)
+            report = dict(
+                outcome,
+                node=self.node,
+                epoch=epoch,
+                action=action,
+                drained_after_s=since_fence if outcome["drained"] else None,
+                at_unix=round(time.time(), 6),
+            )
+            self.store.client.put(self.store.key("acks", self.node, "direct"), report)
+            if outcome["drained"]:
+                said = "no direct connection left after %.3f s" % since_fence
+            else:
+                said = "direct connections left after %.0f s: %s" % (since_fence, outcome["left"])
+            self.log("fence epoch %d: %s" % (epoch, said))
+            return report
+        except (FleetError, OSError) as exc:
+            self.log("fence epoch %d: direct connections not reported: %s" % (epoch, exc))
+            return None
 
     def catch_up(self):
         """Read the fence (and this node's last acknowledgement) and act on it.

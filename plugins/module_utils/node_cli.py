@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -152,6 +153,18 @@ def build_parser():
     _add_epoch(register, WRITER_EPOCH_HELP)
 
     add("show", "router state, routes, weights, slots, counters and the fence epoch")
+    direct = add(
+        "direct",
+        "count each route's established direct-path connections (pooled clients the router "
+        "handed to an engine), waiting up to --wait seconds for none to be left",
+    )
+    direct.add_argument(
+        "--wait",
+        type=_number(float, "wait"),
+        default=0.0,
+        help="seconds to wait for the engines to let them go (default 0: count once); the "
+        "exit status is %d when some are left" % EXIT_SYSTEM,
+    )
     detach = add(
         "detach",
         "deep rollback: raise the fence, keep the router detached (until attach --restore), "
@@ -350,6 +363,30 @@ def cmd_show(args, config):
     return router_report(_layout(args, config))
 
 
+def _routes_by_name(layout, config):
+    """{route name: service port}: the node config's routes and any the maps hold."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
+
+    by_name = {route["name"]: route["port"] for route in _config_routes(config)}
+    if os.path.isdir(layout.pin_dir) and not missing_pins(layout):
+        by_name.update((route.name, route.port) for route in routes.read_routes(layout))
+    return by_name
+
+
+def cmd_direct(args, config):
+    """What is left of the direct path for pooled clients after a lowering (direct_drain)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import direct_drain
+
+    if args.wait < 0:
+        raise UsageError("wait must be seconds >= 0; got %s" % args.wait, "wait")
+    layout = _layout(args, config)
+    outcome = direct_drain.wait_until_drained(
+        _routes_by_name(layout, config), args.wait, config.get("netns") or None
+    )
+    return outcome, (EXIT_OK if outcome["drained"] else EXIT_SYSTEM)
+
+
 def cmd_detach(args, config):
     """The deep rollback, the same one as the router module's state=detached."""
     from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
@@ -540,6 +577,7 @@ _HANDLERS = {
     "rollback": cmd_rollback,
     "register": cmd_register,
     "show": cmd_show,
+    "direct": cmd_direct,
     "detach": cmd_detach,
     "attach": cmd_attach,
     "watch": cmd_watch,

@@ -14,7 +14,10 @@ the wrong size. Pins of the previous layout are complete as they are (routes, we
 rollbacks work on them); the router's attach adds the maps the new layout brings.
 
 The node's fence epoch (fence.py) is kept outside bpffs, in fence_file, so that a reboot
-or a router upgrade does not lose it.
+or a router upgrade does not lose it. The direct-drain marker (direct_drain.py), which the
+engines read, is /run/zerolayer/direct-drain.json with the default fence file, and beside
+the fence file for any other (a test's router, a second layout), so that each
+router's marker is its own.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import os
 import struct
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
+    DEFAULT_DIRECT_DRAIN_FILE,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     DEFAULT_FENCE_FILE,
@@ -81,6 +87,12 @@ class PinLayout:
         self.fence_file = os.path.normpath(fence_file)
         # One writer lock per fence file (a node has one router): beside it, not in bpffs.
         self.writer_lock_file = self.fence_file + ".writer.lock"
+        if self.fence_file == DEFAULT_FENCE_FILE:
+            self.direct_drain_file = DEFAULT_DIRECT_DRAIN_FILE
+        else:
+            self.direct_drain_file = os.path.join(
+                os.path.dirname(self.fence_file), "direct-drain.json"
+            )
         self.prog = os.path.join(self.pin_dir, "prog")
         self.next_prog = os.path.join(self.pin_dir, "prog_next")
         self.link = os.path.join(self.pin_dir, "link")

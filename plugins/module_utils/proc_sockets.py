@@ -2,17 +2,52 @@
 # Apache License 2.0 (see LICENSE)
 """The TCP sockets a process holds, read from /proc: the one parser of /proc/<pid>/net/tcp
 rows and of a process's socket fds, for registering an engine's listener
-(engine_sockets) and for counting the connections a draining engine still serves
-(engine_idle)."""
+(engine_sockets), for counting the connections a draining engine still serves
+(engine_idle) and the direct-path ones a rollback sends away (direct_drain); and the one
+way to run such a read, or a connection, inside the network namespace the router steers."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import threading
 
 TCP_LISTEN = "0A"
 TCP_ESTABLISHED = "01"
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
+CLONE_NEWNET = 0x40000000
+SELF_NETNS = "/proc/self/ns/net"
+
+
+def in_netns(netns_path, work):
+    """work() run inside the network namespace netns_path, and its answer.
+
+    This process's own netns (the usual case) runs it here; another one (a node that runs
+    its services in a netns of their own) is entered by one short-lived thread, as setns(2)
+    moves only the calling thread, a socket keeps the netns it was made in, and
+    /proc/thread-self/net shows the thread's.
+    """
+    if not netns_path or os.stat(netns_path).st_ino == os.stat(SELF_NETNS).st_ino:
+        return work()
+    outcome = {}
+
+    def enter_and_work():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(netns_path) as netns:
+                if libc.setns(netns.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns %s" % netns_path)
+            outcome["answer"] = work()
+        except Exception as exc:  # raised again in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=enter_and_work, name="netns-work")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["answer"]
 
 
 def tcp_rows(text):

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, router_mode
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    bpf_syscall,
+    direct_drain,
+    router_mode,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
@@ -413,6 +417,8 @@ def deep_rollback(layout, epoch=None, reason=None, check_mode=False):
         actions.append("went ahead without the writer lock (%s)" % exc.message)
         result = remove(layout, check_mode)
     actions.extend(result["actions"])
+    if not check_mode:
+        direct_drain.note_all_zero(layout, "deep rollback", epoch_after)
     return {
         "changed": bool(actions),
         "actions": actions,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     admit,
@@ -101,7 +101,8 @@ def roll_back_weights(layout, names=None):
 
 
 def zero_weights(layout):
-    """Weight 0 on every route index, one blind 4-byte write each, taking no lock.
+    """Weight 0 on every route index, one blind 4-byte write each, taking no lock; then
+    the direct-drain marker, so that the engines end their pooled direct connections.
 
     Every index, not only the routes read a moment ago: a route created meanwhile starts
     at 0 as well. Returns False on pins of layout 1 (no zl_weights: use set_route).
@@ -112,6 +113,7 @@ def zero_weights(layout):
     with opened_map(layout, WEIGHTS_MAP) as fd:
         for index in range(MAX_ROUTES):
             bpf_syscall.map_update(fd, PORT_KEY.pack(index), zero)
+    direct_drain.note_all_zero(layout, "weight 0 on every route")
     return True
 
 
@@ -254,6 +256,14 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
             if before is None:
                 _reset_route_slots_and_counters(layout, entry.route_index)
             _write_route(layout, entry, new=before is None)
+            direct_drain.note_weight(
+                layout,
+                entry.port,
+                before.weight_bp if before is not None else 0,
+                entry.weight_bp,
+                "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
+                epoch,
+            )
         return {"changed": True, "before": before, "after": entry}
 
 
@@ -302,4 +312,7 @@ def remove_route(layout, name, check_mode=False):
             with opened_map(layout, ROUTES_MAP) as fd:
                 bpf_syscall.map_delete(fd, encode_port(before.port))
             _reset_route_slots_and_counters(layout, before.route_index)
+            direct_drain.note_weight(
+                layout, before.port, before.weight_bp, 0, "route %r removed" % name
+            )
         return {"changed": True, "before": before, "after": None}

@@ -628,6 +628,9 @@ API_REQUESTS = (
 
 
 def load_simulator():
+    # As when it runs as a script: the rule it shares with vLLM's middleware lies beside it.
+    if str(SIMULATOR.parent) not in sys.path:
+        sys.path.insert(0, str(SIMULATOR.parent))
     spec = importlib.util.spec_from_file_location("zerolayer_engine_sim_under_test", SIMULATOR)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -646,11 +649,14 @@ class HandOver:
         keys_file = tmp_path / "api-keys"
         keys_file.write_text("\n".join(KEYS) + "\n")
         keys_file.chmod(0o600)
+        # The node's direct-drain marker, this test's own (none written: nothing leaves).
+        self.marker = tmp_path / "direct-drain.json"
         config = simulator.parse_args(
             [
                 *("--port", "0", "--model", MODEL, "--engine-name", "unit"),
                 *("--api-keys-file", str(keys_file), "--output-tokens", "3"),
                 *("--time-to-first-token", "0", "--inter-token-latency", "0"),
+                *("--direct-drain-file", str(self.marker), "--direct-idle-grace", "0.3"),
             ]
         )
         self.server = simulator.EngineServer(config, None)
@@ -822,3 +828,122 @@ def test_text_completion_stream(engine):
     assert {chunk["object"] for chunk in chunks} == {"text_completion"}
     assert len("".join(chunk["choices"][0]["text"] for chunk in chunks).split()) == 4
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# -- direct connections leave after the node lowered a weight ---------------------------------
+
+
+CLOSED_SERIES = "zerolayer_engine_direct_connections_closed_total"
+
+
+def write_marker(path, marker):
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"version": 1, "ports": {}, **marker}))
+    os.replace(temporary, path)
+
+
+def rolled_back(now=None):
+    """What the node writes when every route goes to weight 0."""
+    return {"all": {"since_unix": now or time.time(), "epoch": 7, "reason": "fast rollback"}}
+
+
+@pytest.fixture
+def drained_hand_over(tmp_path):
+    running = HandOver(tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def test_a_busy_direct_connection_is_told_to_close_on_its_next_answer(drained_hand_over):
+    engine = drained_hand_over.service_port
+    connection = engine.connection(timeout=10)
+    try:
+        first, _ = engine.chat(connection=connection)
+        assert first.status == 200 and first.getheader("Connection") is None
+        write_marker(drained_hand_over.marker, rolled_back())
+        time.sleep(0.1)  # the engine looks at the marker at most every 50 ms
+        second, payload = engine.chat(connection=connection)
+        assert second.status == 200, payload
+        assert second.getheader("Connection") == "close"
+        assert connection.sock is None or connection.sock.recv(1) == b""
+    finally:
+        connection.close()
+    # At weight 0 any direct connection is one the router decided before the rollback (in
+    # the accept queue, say): answered, and told to close as well.
+    late, _ = engine.chat()
+    assert late.status == 200 and late.getheader("Connection") == "close"
+    text = drained_hand_over.own_port.metrics()
+    assert (
+        metric_value(text, "zerolayer_engine_direct_connections_closed_total", how="response") == 2
+    )
+
+
+def test_an_idle_direct_connection_is_closed_after_the_grace(drained_hand_over):
+    engine = drained_hand_over.service_port
+    connection = engine.connection(timeout=10)
+    try:
+        assert engine.chat(connection=connection)[0].status == 200
+        write_marker(drained_hand_over.marker, rolled_back())
+        connection.sock.settimeout(5)
+        started = time.monotonic()
+        assert connection.sock.recv(1) == b"", "the server closes it (a FIN, no reset)"
+        # The grace (0.3 s), the engine's look at the marker and its wait's poll (0.1 s).
+        assert 0.25 <= time.monotonic() - started < 2.0
+    finally:
+        connection.close()
+    assert metric_value(drained_hand_over.own_port.metrics(), CLOSED_SERIES, how="idle") == 1
+
+
+def test_the_proxys_connections_to_the_engines_own_port_are_never_touched(drained_hand_over):
+    engine = drained_hand_over.own_port
+    connection = engine.connection(timeout=10)
+    try:
+        write_marker(drained_hand_over.marker, rolled_back())
+        time.sleep(0.8)  # longer than the grace: an idle direct one would be closed by now
+        for _ in range(3):
+            response, _ = engine.chat(connection=connection)
+            assert response.status == 200 and response.getheader("Connection") is None
+    finally:
+        connection.close()
+
+
+def test_a_weight_raised_again_ends_the_closing_for_new_connections(drained_hand_over):
+    lowered = time.time() - 10
+    write_marker(
+        drained_hand_over.marker,
+        {
+            **rolled_back(lowered),
+            "ports": {
+                str(drained_hand_over.service.getsockname()[1]): {
+                    "since_unix": lowered,
+                    "updated_unix": lowered + 5,
+                    "weight_bp": 500,
+                    "epoch": 8,
+                    "reason": "weight 5% on route 'chat'",
+                }
+            },
+        },
+    )
+    engine = drained_hand_over.service_port
+    connection = engine.connection(timeout=10)
+    try:
+        for _ in range(3):
+            response, _ = engine.chat(connection=connection)
+            assert response.status == 200 and response.getheader("Connection") is None
+        time.sleep(0.6)
+        assert engine.chat(connection=connection)[0].getheader("Connection") is None
+    finally:
+        connection.close()
+
+
+def test_a_torn_or_foreign_marker_closes_nothing(drained_hand_over):
+    drained_hand_over.marker.write_text('{"version": 1, "all": {"since_un')
+    engine = drained_hand_over.service_port
+    connection = engine.connection(timeout=10)
+    try:
+        for _ in range(2):
+            assert engine.chat(connection=connection)[0].getheader("Connection") is None
+    finally:
+        connection.close()

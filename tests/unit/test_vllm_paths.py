@@ -1,11 +1,15 @@
 """vLLM's path allowlist (roles/model_engine/files/zerolayer_vllm_paths.py), every row of its
-policy, driven as the ASGI server drives it; and the settings check's port probe. The real
-vLLM runs both in tests/playbooks/test_vllm_engine.py."""
+policy, driven as the ASGI server drives it; its sending away of direct connections after a
+lowered weight (the server's side with real uvicorn: test_vllm_paths_uvicorn.py); and the
+settings check's port probe. The real vLLM runs both in tests/playbooks/test_vllm_engine.py."""
 
 import asyncio
 import importlib.util
 import json
+import os
 import socket
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,13 @@ KEY = "sk-unit-test-key-0001"
 OWN_PORT = 8101
 SERVICE_PORT = 8000
 API_PATHS = "/v1/models /v1/chat/completions /v1/completions"
+# Where no marker is: the older tests must not read the host's.
+NO_MARKER = "/nonexistent/zerolayer-direct-drain.json"
+
+
+# The middleware imports zerolayer_direct_drain from beside it, as vLLM's PYTHONPATH has it.
+if str(FILES) not in sys.path:
+    sys.path.insert(0, str(FILES))
 
 
 def load(name):
@@ -35,6 +46,7 @@ def serve(path, port, key=None, method="GET", environ=None):
         "ZEROLAYER_API_PATHS": API_PATHS,
         "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
         "VLLM_API_KEY": KEY,
+        "ZEROLAYER_DIRECT_DRAIN_FILE": NO_MARKER,
     }
     passed = []
 
@@ -76,6 +88,7 @@ def test_every_answer_names_the_engine():
         "ZEROLAYER_API_PATHS": API_PATHS,
         "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
         "ZEROLAYER_ENGINE_NAME": "chat_v2",
+        "ZEROLAYER_DIRECT_DRAIN_FILE": NO_MARKER,
     }
 
     async def vllm(scope, receive, send):
@@ -121,6 +134,7 @@ def test_several_keys_come_from_zerolayer_api_keys():
         "ZEROLAYER_API_PATHS": API_PATHS,
         "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
         "ZEROLAYER_API_KEYS": "sk-first-key-000001 sk-second-key-00002",
+        "ZEROLAYER_DIRECT_DRAIN_FILE": NO_MARKER,
     }
     for key in ("sk-first-key-000001", "sk-second-key-00002"):
         assert serve("/v1/models", SERVICE_PORT, key, environ=environ)[0] == 200
@@ -128,9 +142,191 @@ def test_several_keys_come_from_zerolayer_api_keys():
 
 
 def test_no_key_configured_asks_for_none():
-    environ = {"ZEROLAYER_API_PATHS": API_PATHS, "ZEROLAYER_ENGINE_PORT": str(OWN_PORT)}
+    environ = {
+        "ZEROLAYER_API_PATHS": API_PATHS,
+        "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
+        "ZEROLAYER_DIRECT_DRAIN_FILE": NO_MARKER,
+    }
     assert serve("/v1/models", SERVICE_PORT, environ=environ)[0] == 200
     assert serve("/tokenize", SERVICE_PORT, environ=environ)[0] == 404
+
+
+# --- Direct connections sent away after a lowered weight (zerolayer_direct_drain) ---
+
+
+def write_marker(path, marker):
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(marker))
+    os.replace(temporary, path)
+
+
+def weight_zero(since_unix):
+    return {"version": 1, "all": {"since_unix": since_unix, "epoch": 1, "reason": "test"},
+            "ports": {}}  # fmt: skip
+
+
+def drain_environ(marker_file, grace_s="0.5"):
+    return {
+        "ZEROLAYER_API_PATHS": API_PATHS,
+        "ZEROLAYER_ENGINE_PORT": str(OWN_PORT),
+        "ZEROLAYER_DIRECT_DRAIN_FILE": str(marker_file),
+        "ZEROLAYER_DIRECT_IDLE_GRACE_S": grace_s,
+    }
+
+
+class FakeProtocol:
+    """uvicorn's HttpToolsProtocol/H11Protocol as far as the middleware uses it."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.shutdowns = 0
+
+    def shutdown(self):
+        self.shutdowns += 1
+        self.transport.closing = True
+
+
+class FakeTransport:
+    def __init__(self):
+        self.closing = False
+        self.protocol = FakeProtocol(self)
+
+    def is_closing(self):
+        return self.closing
+
+    def get_protocol(self):
+        return self.protocol
+
+
+class FakeCycle:
+    """uvicorn's RequestResponseCycle: its receive is the bound method the app is given."""
+
+    def __init__(self, transport):
+        self.transport = transport
+
+    async def receive(self):
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def respond(middleware, port, receive=None, app_headers=(), during=None):
+    """The headers of the response the middleware sends for one request on `port`, answered
+    by an app that sends app_headers (and calls during() while it is in flight)."""
+    sent = []
+
+    async def vllm(scope, receive, send):
+        if during is not None:
+            during()
+        await send({"type": "http.response.start", "status": 200, "headers": list(app_headers)})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def request():
+        scope = {"type": "http", "method": "GET", "path": "/v1/models", "headers": [],
+                 "server": ("10.89.213.11", port)}  # fmt: skip
+        await middleware(scope, receive, collect_into(sent))
+
+    middleware.app = vllm
+
+    asyncio.run(request())
+    return sent[0]["headers"]
+
+
+def closes(headers):
+    return [value for name, value in headers if name == b"connection"] == [b"close"]
+
+
+def test_weight_zero_closes_direct_connections_only(tmp_path):
+    marker = tmp_path / "drain.json"
+    write_marker(marker, weight_zero(time.time()))
+    middleware = paths.ServedPathsOnly(None, drain_environ(marker))
+    assert closes(respond(middleware, SERVICE_PORT))
+    # The proxy's connections, to the engine's own port, are never touched.
+    assert not closes(respond(middleware, OWN_PORT))
+    # An app's own "Connection: close" is not doubled.
+    assert closes(respond(middleware, SERVICE_PORT, app_headers=[(b"connection", b"close")]))
+    assert middleware.sent_away["response"] == 1  # the app's own close is not counted
+
+
+def test_no_marker_closes_nothing(tmp_path):
+    middleware = paths.ServedPathsOnly(None, drain_environ(tmp_path / "absent.json"))
+    assert not closes(respond(middleware, SERVICE_PORT))
+    assert middleware.sent_away == {"response": 0, "idle": 0}
+
+
+def test_a_raised_weight_keeps_connections_made_after_the_lowering(tmp_path):
+    marker = tmp_path / "drain.json"
+    lowered = time.time() - 10
+    write_marker(
+        marker,
+        {
+            "version": 1,
+            "all": {"since_unix": lowered, "epoch": 1, "reason": "fast rollback"},
+            "ports": {
+                str(SERVICE_PORT): {"since_unix": lowered, "updated_unix": lowered + 5,
+                                    "weight_bp": 5000, "epoch": 2, "reason": "canary"},
+            },
+        },
+    )  # fmt: skip
+    middleware = paths.ServedPathsOnly(None, drain_environ(marker))
+    new = FakeTransport()
+    assert not closes(respond(middleware, SERVICE_PORT, FakeCycle(new).receive))
+    # A connection first seen before the lowering still leaves.
+    old = FakeTransport()
+    respond(middleware, SERVICE_PORT, FakeCycle(old).receive)
+    middleware.direct[id(old)].first_seen_unix = lowered - 1
+    assert closes(respond(middleware, SERVICE_PORT, FakeCycle(old).receive))
+    assert not closes(respond(middleware, SERVICE_PORT, FakeCycle(new).receive))
+
+
+def test_idle_direct_connections_are_shut_down_through_the_servers_protocol(tmp_path):
+    marker = tmp_path / "drain.json"
+    middleware = paths.ServedPathsOnly(None, drain_environ(marker, grace_s="0"))
+    idle, busy, proxied = FakeTransport(), FakeTransport(), FakeTransport()
+    respond(middleware, SERVICE_PORT, FakeCycle(idle).receive)
+    respond(middleware, OWN_PORT, FakeCycle(proxied).receive)
+    assert set(middleware.direct) == {id(idle)}  # the proxy's connection is not tracked
+    middleware.close_idle_direct()
+    assert idle.protocol.shutdowns == 0  # no marker yet
+
+    write_marker(marker, weight_zero(time.time()))
+    time.sleep(0.06)  # past the marker's recheck interval
+
+    def sweep_while_in_flight():
+        middleware.close_idle_direct()
+        assert busy.protocol.shutdowns == 0
+
+    respond(middleware, SERVICE_PORT, FakeCycle(busy).receive, during=sweep_while_in_flight)
+    middleware.close_idle_direct()
+    assert (idle.protocol.shutdowns, busy.protocol.shutdowns) == (1, 1)
+    assert proxied.protocol.shutdowns == 0
+    # Closed connections are forgotten, and none is shut down twice.
+    middleware.close_idle_direct()
+    assert middleware.direct == {}
+    assert middleware.sent_away["idle"] == 2
+
+
+def test_idle_connections_within_the_grace_stay(tmp_path):
+    marker = tmp_path / "drain.json"
+    write_marker(marker, weight_zero(time.time()))
+    middleware = paths.ServedPathsOnly(None, drain_environ(marker, grace_s="30"))
+    transport = FakeTransport()
+    respond(middleware, SERVICE_PORT, FakeCycle(transport).receive)
+    middleware.close_idle_direct()
+    assert transport.protocol.shutdowns == 0
+
+
+def test_another_servers_connection_gets_the_header_and_nothing_raises(tmp_path):
+    marker = tmp_path / "drain.json"
+    write_marker(marker, weight_zero(time.time()))
+    middleware = paths.ServedPathsOnly(None, drain_environ(marker))
+
+    class Odd:
+        transport = object()  # no is_closing, no get_protocol
+
+        async def receive(self):
+            return {"type": "http.request", "body": b""}
+
+    assert closes(respond(middleware, SERVICE_PORT, Odd().receive))
+    assert middleware.direct == {}
 
 
 def test_a_taken_port_is_named_with_the_engine():

