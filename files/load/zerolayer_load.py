@@ -276,7 +276,7 @@ def closed_by_peer(connection):
     sock = connection.sock
     if sock is None:
         return True
-    readable, _, _ = select.select([sock], [], [], 0)
+    readable = select.select([sock], [], [], 0)[0]
     return bool(readable)
 
 

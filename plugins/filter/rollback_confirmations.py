@@ -1,12 +1,14 @@
 # Copyright: zerolayer.fleet contributors
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
-"""Each node's confirmation in a rollback report, as a filter (a thin shell over module_utils)."""
+"""Each node's confirmation in a rollback report, and how its direct connections left, as
+filters (thin shells over module_utils)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import (
+    direct_drains,
     node_confirmations,
 )
 
@@ -74,4 +76,6 @@ def rollback_confirmations(targets, acked, pushed, mode, push_results=None):
 
 class FilterModule:
     def filters(self):
-        return {"rollback_confirmations": rollback_confirmations}
+        # direct_drains is documented with the module_utils function it calls: the rollback
+        # report is its one user.
+        return {"rollback_confirmations": rollback_confirmations, "direct_drains": direct_drains}

@@ -25,9 +25,11 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+    write_text_atomic,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
@@ -61,19 +63,7 @@ def read_marker(path):
 
 
 def _write_marker(path, marker):
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".direct-drain-", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(marker, out, sort_keys=True)
-            out.write("\n")
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    write_text_atomic(path, json.dumps(marker, sort_keys=True) + "\n", mode=0o644)
 
 
 @contextlib.contextmanager
@@ -110,10 +100,14 @@ def _update(layout, change):
     try:
         with _marker_lock(layout.direct_drain_file):
             marker = read_marker(layout.direct_drain_file)
-            change(marker, round(time.time(), 3))
+            # Strictly later than the last write, even within one millisecond: the later of
+            # "all" and a port's entry governs, and a tie would go to "all".
+            now = max(round(time.time(), 3), round(marker.get("written_unix", 0) + 0.001, 3))
+            change(marker, now)
+            marker["written_unix"] = now
             _write_marker(layout.direct_drain_file, marker)
         return True
-    except OSError:
+    except (OSError, FleetError):
         return False
 
 
@@ -160,6 +154,24 @@ def note_weight(layout, port, before_bp, after_bp, reason, epoch=None):
     return _update(layout, change)
 
 
+def note_engine_replaced(layout, port, weight_bp, reason, epoch=None):
+    """A route's engine socket was replaced (an engine upgrade's swap): the direct
+    connections made before it, which the old engine holds, leave and are decided again;
+    the weight stays as it is. Returns whether the marker was written."""
+    epoch = _epoch_of(layout, epoch)
+
+    def change(marker, now):
+        marker["ports"][str(port)] = {
+            "since_unix": now,
+            "updated_unix": now,
+            "weight_bp": weight_bp,
+            "epoch": epoch,
+            "reason": reason,
+        }
+
+    return _update(layout, change)
+
+
 def _tcp_rows_of_this_thread(proc):
     rows = []
     for name in ("thread-self/net/tcp", "thread-self/net/tcp6"):
@@ -188,7 +200,16 @@ def direct_connections(service_ports, netns_path=None, proc="/proc"):
         for entry in os.listdir(proc):
             if not entry.isdigit():
                 continue
-            held = socket_fds(int(entry), proc)
+            try:
+                held = socket_fds(int(entry), proc)
+            except PermissionError:
+                # Another user's process (an engine's): only root can see whose sockets
+                # those are, and a count of one's own would read 0, wrongly.
+                raise FleetError(
+                    "counting direct connections reads every process's fds in %s: run it as "
+                    "root (zerolayer-routectl, the fence watcher)" % proc,
+                    {"field": "proc"},
+                ) from None
             listens_on = {listening[inode] for inode in held if inode in listening}
             for inode in held:
                 port = established.get(inode)

@@ -20,9 +20,9 @@ import os
 import tempfile
 import xml.etree.ElementTree as ET
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_text_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import write_text_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
     render_table,
     rollout_rows,
@@ -295,6 +295,11 @@ def build_report(inputs, router_split=None):
     for mode in ("fast", "deep"):
         if mode not in rollbacks:
             checks.append(check("%s_rollback_ran" % mode, False, None, "a rollback report"))
+    clients = {"per_request": client_facts(summary, rollbacks)}
+    pooled = inputs.get("pooled_load_summary")
+    if pooled is not None:
+        clients["pooled"] = client_facts(pooled, rollbacks)
+        checks.extend(pooled_checks(clients["pooled"], limits))
 
     return {
         "format": REPORT_FORMAT,
@@ -318,8 +323,55 @@ def build_report(inputs, router_split=None):
             client_splits,
         ),
         "rollbacks": rollbacks,
+        "clients": clients,
         "events": events,
     }
+
+
+def client_facts(summary, rollbacks):
+    """What one load client saw: its counts and, after the fast rollback's trigger, how long
+    until its last direct-path answer (the weight went to 0 and stayed there: every direct
+    answer after it came on a connection made before)."""
+    direct = summary.get("paths", {}).get("direct", {})
+    last_direct = direct.get("last_ended_unix")
+    facts = {
+        "connection_mode": summary.get("connection_mode", "per-request"),
+        "requests_ok": summary["requests_ok"],
+        "requests_failed": int(summary["requests_failed"]),
+        "failures_by_cause": summary.get("failures_by_cause", {}),
+        "stale_connection_retries": summary.get("stale_connection_retries", 0),
+        "last_direct_answer_unix": last_direct,
+        "last_direct_answer_after_fast_trigger_s": None,
+    }
+    if "fast" in rollbacks and last_direct is not None:
+        facts["last_direct_answer_after_fast_trigger_s"] = round(
+            max(0.0, last_direct - rollbacks["fast"]["triggered_at"]), 3
+        )
+    return facts
+
+
+def pooled_checks(facts, limits):
+    """The pooled client's checks: no request lost, and off the direct path within the
+    budget after the fast rollback (the engines' direct drain)."""
+    after = facts["last_direct_answer_after_fast_trigger_s"]
+    budget = limits["pooled_direct_budget_s"]
+    return [
+        check(
+            "pooled_no_request_lost",
+            facts["requests_failed"] <= limits["max_failed_requests"],
+            facts["requests_failed"],
+            "<= %d" % limits["max_failed_requests"],
+            "failures by cause: %s" % json.dumps(facts["failures_by_cause"]),
+        ),
+        check(
+            "pooled_clients_leave_the_direct_path",
+            after is not None and after <= budget,
+            after,
+            "<= %s s" % budget,
+            "seconds from the fast rollback's trigger to the keep-alive client's last "
+            "direct-path answer (none at all: the canary never reached it)",
+        ),
+    ]
 
 
 def _nodes_check(name, facts):
@@ -557,17 +609,27 @@ def run(params, check_mode, client_factory=None):
     for name in ("max_failed_requests",):
         if params[name] < 0:
             raise FleetError("%s must be 0 or more" % name, {"field": name})
+    if params.get("pooled_direct_budget_s", 2.0) <= 0:
+        raise FleetError(
+            "pooled_direct_budget_s must be seconds above 0; got %s"
+            % params["pooled_direct_budget_s"],
+            {"field": "pooled_direct_budget_s"},
+        )
     inputs = {
         "drill_id": params["drill_id"],
         "started_at": params["started_at"],
         "finished_at": params["finished_at"],
         "load_summary": read_json(params["load_summary"], "load summary"),
+        "pooled_load_summary": read_json(params["pooled_load_summary"], "pooled load summary")
+        if params.get("pooled_load_summary")
+        else None,
         "canary_records": [read_json(path, "canary record") for path in params["canary_records"]],
         "rollback_reports": reports,
         "events": events,
         "limits": {
             "max_failed_requests": params["max_failed_requests"],
             "fast_budget_s": params["fast_budget_s"],
+            "pooled_direct_budget_s": params.get("pooled_direct_budget_s", 2.0),
             "deep_budget_s": params["deep_budget_s"],
             "split_sigmas": params["split_sigmas"],
             "split_floor_pct": params["split_floor_pct"],

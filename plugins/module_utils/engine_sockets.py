@@ -15,7 +15,7 @@ import socket
 import struct
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
@@ -269,6 +269,16 @@ def register_engine_socket(
                     # One update replaces whatever the slot held: no moment without a socket.
                     bpf_syscall.map_update(
                         map_fd, socket_key(entry.route_index, slot), SOCKET_VALUE.pack(engine_fd)
+                    )
+                if before is not None:
+                    # A live engine's socket was replaced (an upgrade's swap): its pooled
+                    # direct clients come back through the router, to the new one.
+                    direct_drain.note_engine_replaced(
+                        layout,
+                        entry.port,
+                        entry.weight_bp,
+                        "slot %d of route %r: another engine socket" % (slot, route),
+                        epoch,
                     )
             # After the insert: until the limit covers the new slot, the program just does
             # not use that socket yet. Also mends a limit written by an older version (0).

@@ -68,9 +68,6 @@ _HELP = {
     "engine, 0..1",
     "zerolayer_route_generation": "Bumped on every write of the route",
     "zerolayer_route_engine_sockets": "Engine sockets registered in the route's slots",
-    "zerolayer_route_direct_connections": "Established direct-path connections on the route's "
-    "port (clients the router handed to an engine and that keep their connection); after a "
-    "lowering of the weight the engines let them go",
     "zerolayer_route_lookups_total": "TCP lookups on the route's port",
     "zerolayer_route_decisions_total": "Routing decisions by outcome: engine, proxy_weight, "
     "fallback_no_socket or assign_error",
@@ -178,9 +175,6 @@ def collect(layout, run_time_stats=False, watcher_status=None):
     Every map is read through a read-only fd, checked against its spec first (the
     readers of routes, engine_sockets and metrics): the exporter cannot change one.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
-        direct_connections,
-    )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
         read_slots,
     )
@@ -210,9 +204,6 @@ def collect(layout, run_time_stats=False, watcher_status=None):
                 "counters": read_counters(layout, route.route_index),
             }
         )
-    counts = direct_connections([route["port"] for route in snapshot["routes"]])
-    for route in snapshot["routes"]:
-        route["direct_connections"] = counts[route["port"]]
     snapshot["latency_buckets"] = read_latency_buckets(layout)
     return snapshot
 
@@ -424,13 +415,12 @@ def render(snapshot):
         for name, key in (
             ("zerolayer_route_generation", "generation"),
             ("zerolayer_route_engine_sockets", "engine_sockets"),
-            ("zerolayer_route_direct_connections", "direct_connections"),
         ):
             _family(
                 lines,
                 name,
                 "gauge",
-                [_sample(name, [("route", r["name"])], r[key]) for r in routes if key in r],
+                [_sample(name, [("route", r["name"])], r[key]) for r in routes],
             )
         _family(
             lines,

@@ -278,13 +278,14 @@ class Watcher:
             seen.update(proxy_after_deep(self.routes, self.proxy_service, self.netns))
         ack = acknowledgement(self.node, epoch, action, step, seen, started)
         self.store.client.put(self.store.key("acks", self.node), ack)
-        if self.routes:
-            threading.Thread(
-                target=self.follow_direct_drain,
-                args=(epoch, action, started),
-                name="direct-drain",
-                daemon=True,
-            ).start()
+        # Always, so that the report never waits for a node: with no route in the node
+        # config there is nothing to count, and the report says so at once.
+        threading.Thread(
+            target=self.follow_direct_drain,
+            args=(epoch, action, started),
+            name="direct-drain",
+            daemon=True,
+        ).start()
         self.status.update(
             node_epoch=seen["node_epoch"], last_ack_epoch=epoch, last_ack_at_unix=ack["at_unix"]
         )

@@ -122,3 +122,46 @@ def node_confirmations(targets, acked, pushed, mode, push_results=None):
             entry or {"node": node, "reached": False, "confirmed": False, "error": NO_RESULT}
         )
     return entries
+
+
+def direct_drains(targets, watcher_reports, push_results, started_at_unix):
+    """How the direct connections of pooled clients left each node after the rollback.
+
+    watcher_reports: {node: acks/<node>/direct} (rollout_fence wait_direct); push_results:
+    {node: the raw result of `zerolayer-routectl direct --wait S`} for the pushed nodes.
+    Returns {"nodes": {node: {by, drained, left, first, drained_after_s,
+    after_command_start_s}}, "left": {node: {route: count}}, "unreported": [nodes],
+    "slowest_after_command_start_s"}: the time from the rollback command's start to the last
+    node without a direct connection (the watcher's own clock; None where a push counted).
+    """
+    nodes, unreported = {}, []
+    for node in targets:
+        report = (watcher_reports or {}).get(node)
+        by = "watcher"
+        if not isinstance(report, dict) or "drained" not in report:
+            result = (push_results or {}).get(node)
+            report = _last_json_line(result.get("stdout")) if isinstance(result, dict) else {}
+            by = "push"
+        if "drained" not in report:
+            unreported.append(node)
+            continue
+        after_start = None
+        if by == "watcher" and report["drained"] and isinstance(report.get("at_unix"), float):
+            after_start = round(report["at_unix"] - float(started_at_unix), 3)
+        nodes[node] = {
+            "by": by,
+            "drained": report["drained"],
+            "first": report.get("first", {}),
+            "left": report.get("left", {}),
+            "drained_after_s": report.get("drained_after_s"),
+            "after_command_start_s": after_start,
+        }
+    times = [entry["after_command_start_s"] for entry in nodes.values()]
+    return {
+        "nodes": nodes,
+        "left": {node: entry["left"] for node, entry in nodes.items() if not entry["drained"]},
+        "unreported": unreported,
+        "slowest_after_command_start_s": max(
+            (time for time in times if time is not None), default=None
+        ),
+    }

@@ -17,8 +17,10 @@ import json
 import os
 import re
 import socket
-import tempfile
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+    write_text_atomic,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     VERDICTS,
@@ -812,33 +814,6 @@ def read_json_file(path):
 def read_record(path):
     data = read_json_file(path)
     return None if data is None else decode_record(data, path)
-
-
-def write_text_atomic(path, text, mode=0o644):
-    """Write through a temporary file in the same directory, then rename over the path.
-
-    A reader sees the old file or the new one, never a torn write, even if the
-    writer dies half way.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    except OSError as error:
-        raise FleetError(
-            "cannot write in %s: %s" % (directory, error.strerror), {"path": path}
-        ) from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except OSError as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise FleetError("cannot write %s: %s" % (path, error.strerror), {"path": path}) from None
 
 
 def write_json_atomic(path, data):

@@ -1,7 +1,7 @@
 # Copyright: zerolayer.fleet contributors
 # Apache License 2.0 (see LICENSE)
 """What one call of rollout_fence does: read the fleet's fence, raise it, count the nodes'
-acknowledgements.
+acknowledgements, and collect the nodes' reports of their direct connections leaving.
 
 Shared by the module (plugins/modules/rollout_fence.py), which runs it where a task is
 delegated, and by its action plugin (plugins/action/rollout_fence.py), which runs it in the
@@ -24,7 +24,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store impo
 )
 
 ARGUMENT_SPEC = dict(
-    action=dict(type="str", choices=["read", "raise", "wait_acks"], default="read"),
+    action=dict(type="str", choices=["read", "raise", "wait_acks", "wait_direct"], default="read"),
     epoch=dict(type="int"),
     nodes=dict(type="list", elements="str", default=[]),
     wait_s=dict(type="float", default=2.0),
@@ -36,7 +36,9 @@ ARGUMENT_SPEC = dict(
     require_store=dict(type="bool", default=False),
     **store_options(),
 )
-REQUIRED_IF = [("action", "wait_acks", ["epoch"])]
+REQUIRED_IF = [("action", "wait_acks", ["epoch"]), ("action", "wait_direct", ["epoch"])]
+# How often wait_direct reads the nodes' reports again.
+DIRECT_POLL_S = 0.1
 
 
 def fence_call(params, check_mode=False, diff=False):
@@ -53,6 +55,8 @@ def fence_call(params, check_mode=False, diff=False):
         )
     if params["action"] == "wait_acks":
         return wait_acks(params)
+    if params["action"] == "wait_direct":
+        return wait_direct(params)
     actor = params["actor"] or "%s@%s" % (getpass.getuser(), socket.gethostname())
     try:
         store = store_from_params(params)
@@ -82,14 +86,42 @@ def fence_call(params, check_mode=False, diff=False):
     return result
 
 
-def wait_acks(params):
-    """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
+def _require_epoch_and_wait(params):
     if params["wait_s"] < 0 or params["epoch"] < 1:
         raise FleetError(
-            "wait_acks needs epoch >= 1 and wait_s >= 0; got epoch %r, wait_s %r"
-            % (params["epoch"], params["wait_s"]),
+            "%s needs epoch >= 1 and wait_s >= 0; got epoch %r, wait_s %r"
+            % (params["action"], params["epoch"], params["wait_s"]),
             {"field": "epoch" if params["epoch"] < 1 else "wait_s"},
         )
+
+
+def wait_direct(params, clock=time.monotonic, sleep=time.sleep):
+    """The nodes' direct-drain reports of epoch, as they arrive, for at most wait_s: each
+    watcher writes one once its node's direct connections are gone or its own wait is over.
+    A store that stops answering ends the wait with what was read; never fails on it."""
+    _require_epoch_and_wait(params)
+    store = store_from_params(params)
+    wanted = set(params["nodes"])
+    deadline = clock() + params["wait_s"]
+    found, store_error = {}, None
+    while True:
+        try:
+            found = store.direct_drains(params["epoch"], wanted)
+        except StoreUnavailable as exc:
+            store_error = exc.message
+            break
+        if len(found) == len(wanted) or clock() >= deadline:
+            break
+        sleep(DIRECT_POLL_S)
+    result = {"changed": False, "direct": found, "unreported": sorted(wanted - set(found))}
+    if store_error is not None:
+        result["store_error"] = store_error
+    return result
+
+
+def wait_acks(params):
+    """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
+    _require_epoch_and_wait(params)
     counted = count_acks(store_from_params(params), params, params["epoch"])
     return dict(counted, changed=False)
 

@@ -6,6 +6,7 @@ Keys under the store's prefix (default /zerolayer/):
   fence            {"epoch", "action", "reason", "actor", "at"}: raised only by compare-and-swap
   owners/<scope>   the runner that holds the scope, on a lease its heartbeat keeps alive
   acks/<node>      what a node acknowledged (written by the node, with its own identity)
+  acks/<node>/direct  after that, how long the node's direct connections took to leave
 
 Rollback and abort call raise_fence() before they touch a node; every weight write to a
 node carries the epoch its writer took (fence.py enforces it there). See
@@ -238,6 +239,30 @@ class RolloutStore:
         deep rollback's ack counts: a later fast fence's ack says nothing of the router.
         """
         return self._acknowledged_since(epoch, set(nodes), deep)[0]
+
+    def direct_drains(self, epoch, nodes):
+        """{node: its watcher's direct-drain report (acks/<node>/direct)} of the nodes asked
+        about whose report is for epoch or a later one: how long the direct connections that
+        pooled clients held took to leave after the fence, or how many were left."""
+        wanted = set(nodes)
+        found = {}
+        prefix = self.key("acks") + "/"
+        for kv in self.client.get_prefix(prefix):
+            node, _slash, leaf = kv.key[len(prefix) :].partition("/")
+            if leaf != "direct" or node not in wanted:
+                continue
+            try:
+                report = kv.json()
+            except FleetError:
+                continue
+            report_epoch = report.get("epoch") if isinstance(report, dict) else None
+            if (
+                isinstance(report_epoch, int)
+                and not isinstance(report_epoch, bool)
+                and report_epoch >= epoch
+            ):
+                found[node] = report
+        return found
 
     def _acknowledged_since(self, epoch, wanted, deep, revision=0):
         """(acknowledged() of the acks written at revision or later, the read's revision)."""

@@ -45,6 +45,19 @@ options:
     description: The load client's summary (JSON).
     type: path
     required: true
+  pooled_load_summary:
+    description:
+      - The summary of a second load client that keeps its keep-alive connections
+        (C(files/load/zerolayer_load.py --connection-mode pooled)). Its failed requests count
+        against O(max_failed_requests), and its last direct-path answer must come within
+        O(pooled_direct_budget_s) of the fast rollback's trigger.
+      - Omitted, the drill has no such client and neither check runs.
+    type: path
+  pooled_direct_budget_s:
+    description: Seconds from the fast rollback's trigger within which the pooled client's last
+      direct-path answer must come.
+    type: float
+    default: 2
   canary_records:
     description: Controller rollout records of the drill's canary (one per wave).
     type: list
@@ -196,6 +209,8 @@ def main():
             started_at=dict(type="float", required=True),
             finished_at=dict(type="float", required=True),
             load_summary=dict(type="path", required=True),
+            pooled_load_summary=dict(type="path"),
+            pooled_direct_budget_s=dict(type="float", default=2),
             canary_records=dict(type="list", elements="path", default=[]),
             rollback_reports=dict(
                 type="dict",

@@ -17,6 +17,10 @@ description:
     seconds, and returns which nodes confirmed it and which lag (a rollback pushes to those).
     V(raise) with O(nodes) and O(wait_s) above 0 does both in one call, which saves a rollback the
     start of a second module.
+  - V(wait_direct) collects, for at most O(wait_s) seconds, the reports the nodes' fence watchers
+    write once their direct-path connections (pooled keep-alive clients the router handed to an
+    engine) are gone after the rollback of O(epoch), or their own wait is over. Each says how
+    long that took, or how many are left on which route.
   - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
     V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
     so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
@@ -31,14 +35,16 @@ options:
   action:
     description: Read the fence, or raise it.
     type: str
-    choices: [read, raise, wait_acks]
+    choices: [read, raise, wait_acks, wait_direct]
     default: read
   epoch:
-    description: With V(wait_acks), the fence epoch the nodes must acknowledge (or a later one).
+    description: With V(wait_acks) or V(wait_direct), the fence epoch the nodes must acknowledge or
+      report on (or a later one).
     type: int
   nodes:
     description:
-      - With V(wait_acks), the nodes (their inventory names, as their acks are named).
+      - With V(wait_acks) or V(wait_direct), the nodes (their inventory names, as their acks are
+        named).
       - With V(raise), the nodes whose acknowledgements of the new epoch are then counted;
         empty, none are.
     type: list
@@ -144,6 +150,17 @@ ended_at_unix:
       a push is confirmed.
   returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: float
+direct:
+  description: With V(wait_direct), each node's report, by node. C(first) and C(left) are its
+    direct connections by route at the first count and at the end; C(drained), C(drained_after_s)
+    (seconds from the fence's arrival on the node, null when some were left) and C(at_unix).
+  returned: with O(action=wait_direct)
+  type: dict
+unreported:
+  description: With V(wait_direct), the nodes asked about that wrote no report in time.
+  returned: with O(action=wait_direct)
+  type: list
+  elements: str
 store_error:
   description: Why the store could not be reached, when it could not.
   returned: when the store could not be reached

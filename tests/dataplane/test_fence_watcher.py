@@ -173,6 +173,29 @@ def test_a_fast_rollback_in_the_store_reaches_the_node_under_load(watcher, store
     assert status["last_ack_epoch"] == raised["epoch"] and status["connected"] is True
 
 
+def test_after_its_acknowledgement_the_watcher_reports_the_direct_connections_gone(
+    watcher, store, routed, netns
+):
+    watcher.start()
+    stop_clients = netns.background_clients()
+    time.sleep(0.3)
+    raised = store.raise_fence("fast", "pooled clients", "test")
+    ack = acknowledged(store, raised["epoch"])
+    reports = wait_until(
+        lambda: store.direct_drains(raised["epoch"], [NODE]), "the direct-drain report"
+    )
+    report = stop_clients()
+    direct = reports[NODE]
+    # Connection-per-request clients: whatever was open at the first count closes at once.
+    assert direct["drained"] is True and direct["left"] == {}, direct
+    assert set(direct["first"]) == {"chat"} and 0 <= direct["drained_after_s"] < 30
+    assert direct["epoch"] == raised["epoch"] and direct["action"] == "fast"
+    assert ack["confirmed"] and report["errors"] == 0
+    # The marker the engines read was written, for this epoch.
+    with open(routed.direct_drain_file) as handle:
+        assert json.load(handle)["all"]["epoch"] == raised["epoch"]
+
+
 def test_a_deep_rollback_detaches_and_keeps_the_router_detached(watcher, store, routed, netns):
     watcher.start()
     raised = store.raise_fence("deep", "kernel trouble", "test")

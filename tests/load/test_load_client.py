@@ -86,14 +86,13 @@ def pipe(source, destination):
         destination.shutdown(socket.SHUT_WR)
 
 
-class CountingProxy:
-    """Forwards TCP connections to a local port and counts them: how many connections the
-    client opened, which neither the client nor the simulator reports."""
+class CountingListener:
+    """A listener on a free loopback port that counts the connections it accepts and hands
+    each, with its number, to handle() in a thread of its own."""
 
-    def __init__(self, upstream_port):
-        self.upstream_port = upstream_port
+    def __init__(self):
+        self.lock = threading.Lock()
         self.accepted = 0
-        self.sockets = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self.accept_loop, daemon=True).start()
@@ -101,14 +100,29 @@ class CountingProxy:
     def accept_loop(self):
         while True:
             try:
-                client, _address = self.listener.accept()
+                connection, _address = self.listener.accept()
             except OSError:
                 return
-            self.accepted += 1
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            self.sockets += [client, upstream]
-            for source, destination in ((client, upstream), (upstream, client)):
-                threading.Thread(target=pipe, args=(source, destination), daemon=True).start()
+            with self.lock:
+                self.accepted += 1
+                number = self.accepted
+            threading.Thread(target=self.handle, args=(connection, number), daemon=True).start()
+
+
+class CountingProxy(CountingListener):
+    """Forwards TCP connections to a local port and counts them: how many connections the
+    client opened, which neither the client nor the simulator reports."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        self.sockets = []
+        super().__init__()
+
+    def handle(self, client, _number):
+        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+        self.sockets += [client, upstream]
+        for source, destination in ((client, upstream), (upstream, client)):
+            threading.Thread(target=pipe, args=(source, destination), daemon=True).start()
 
     def close(self):
         for sock in [self.listener, *self.sockets]:
@@ -133,7 +147,7 @@ def read_request(reader):
     return True
 
 
-class RawHttpServer:
+class RawHttpServer(CountingListener):
     """An HTTP/1.1 server on raw sockets that ends keep-alive connections on purpose: after
     `answers_per_connection` answers (the last one says Connection: close), once idle for
     `idle_close_s`, right after reading a request past `drop_after_answers` (a close that
@@ -151,25 +165,10 @@ class RawHttpServer:
         self.idle_close_s = idle_close_s
         self.answering_connections = answering_connections
         self.drop_after_answers = drop_after_answers
-        self.lock = threading.Lock()
-        self.accepted = 0
         self.sent_close = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self.accept_loop, daemon=True).start()
+        super().__init__()
 
-    def accept_loop(self):
-        while True:
-            try:
-                connection, _address = self.listener.accept()
-            except OSError:
-                return
-            with self.lock:
-                self.accepted += 1
-                number = self.accepted
-            threading.Thread(target=self.serve, args=(connection, number), daemon=True).start()
-
-    def serve(self, connection, number):
+    def handle(self, connection, number):
         answers = self.answering_connections
         with connection, connection.makefile("rb") as reader:
             answered = 0
@@ -515,6 +514,7 @@ def test_bad_connection_options_are_refused(tmp_path, args, message):
             "127.0.0.1:9",
             *args,
         ],
+        check=False,
         capture_output=True,
         text=True,
         timeout=30,

@@ -301,6 +301,13 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     )
     assert (report["budget_s"], report["within_budget"]) == (3600, True)
     assert "(budget 3600 s: within)" in run.stdout
+    # After it, outside its time: every node said its direct connections were gone, the
+    # watchers in the store and the pushed node by its own count.
+    direct = report["direct"]
+    assert direct["left"] == {} and direct["unreported"] == [], direct
+    assert {node: entry["by"] for node, entry in direct["nodes"].items()} == {
+        node: "push" if node == stopped else "watcher" for node in fleet.nodes
+    }, direct
     print("fast rollback: report wall_time_s=%s" % report["wall_time_s"])
 
     # A node that cannot be reached is named, the others still roll back, the exit is non-zero.
@@ -387,6 +394,8 @@ def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
         assert entry["router_removed"] and entry["paths"] == {route: "proxy"}, entry
         assert entry["proxy_running"] is True, entry
     assert (report["budget_s"], report["within_budget"]) == (1800, True)
+    assert report["direct"]["left"] == {} and report["direct"]["unreported"] == [], report
+    assert report["direct"]["nodes"][stopped]["by"] == "push", report["direct"]
     print("deep rollback: report wall_time_s=%s" % report["wall_time_s"])
     for node in fleet.nodes:
         assert fleet.exec(node, "test", "-e", "/sys/fs/bpf/zerolayer", check=False).returncode != 0

@@ -24,7 +24,7 @@ DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
 
 # Checks of the drill report judged by wall time: their budgets stay in the report (and
 # decide a real release drill), but this shared machine's speed is no outcome of the code.
-TIMED_CHECKS = ("fast_rollback_time", "deep_rollback_time")
+TIMED_CHECKS = ("fast_rollback_time", "deep_rollback_time", "pooled_clients_leave_the_direct_path")
 
 
 def stop_load_client(drill_dir, timeout=120):
@@ -107,11 +107,19 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
         assert checks["split_router_stage_%d" % stage]["passed"]
     fast, deep = report["rollbacks"]["fast"], report["rollbacks"]["deep"]
     assert fast["nodes_confirmed"] == deep["nodes_confirmed"] == len(fleet.nodes)
+    # The keep-alive client beside it: it lost nothing, rode the direct path during the
+    # canary, and left it after the fast rollback (without the engines' direct drain it stayed
+    # there to the drill's end: neither weight 0 nor a detach moves a connection).
+    pooled = report["clients"]["pooled"]
+    assert pooled["connection_mode"] == "pooled" and pooled["requests_failed"] == 0, pooled
+    assert pooled["requests_ok"] > 500 and pooled["last_direct_answer_unix"] is not None, pooled
+    assert pooled["last_direct_answer_unix"] < deep["triggered_at"], (pooled, deep)
     # In the drill's order: every node confirmed weight 0 before the deep rollback began.
     assert fast["confirmed_at"] <= deep["triggered_at"], (fast, deep)
     stages = report["stages"]
     print(
         "drill %s: %d requests, 0 failed, %d streams; fast rollback %.2f s (%s), deep %.2f s "
+        "(%s); pooled client: %d requests, last direct answer %.2f s after the fast trigger "
         "(%s); split client/router per stage %s"
         % (
             drill_id,
@@ -121,6 +129,9 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
             checks["fast_rollback_time"]["expected"],
             deep["wall_time_s"],
             checks["deep_rollback_time"]["expected"],
+            pooled["requests_ok"],
+            pooled["last_direct_answer_after_fast_trigger_s"],
+            checks["pooled_clients_leave_the_direct_path"]["expected"],
             [(s["weight"], s["client_direct_pct"], s["router_engine_pct"]) for s in stages],
         )
     )

@@ -34,6 +34,30 @@ def test_raise_without_nodes_counts_nothing(etcd_url, store):
     assert raised["store_updated"] is True and "acked" not in raised, raised
 
 
+def test_wait_direct_collects_the_watchers_reports_of_the_epoch_or_later(etcd_url, store):
+    def report(epoch, drained):
+        return {
+            "epoch": epoch,
+            "drained": drained,
+            "first": {"chat": 2},
+            "left": {} if drained else {"chat": 1},
+            "drained_after_s": 0.3 if drained else None,
+        }
+
+    store.client.put(store.key("acks", "n1", "direct"), report(4, True))
+    store.client.put(store.key("acks", "n2", "direct"), report(5, False))
+    store.client.put(store.key("acks", "n3", "direct"), report(3, True))  # an older rollback's
+    store.client.put(store.key("acks", "n4"), {"epoch": 4, "confirmed": True})  # no report
+    store.client.put(store.key("acks", "stranger", "direct"), report(4, True))  # not asked
+    collected = rollout_fence(
+        etcd_url, store.prefix, action="wait_direct", epoch=4,
+        nodes=["n1", "n2", "n3", "n4"], wait_s=0.5,
+    )  # fmt: skip
+    assert sorted(collected["direct"]) == ["n1", "n2"], collected
+    assert collected["direct"]["n2"]["left"] == {"chat": 1}
+    assert collected["unreported"] == ["n3", "n4"]
+
+
 @pytest.mark.parametrize(
     "args, field",
     [
@@ -41,6 +65,8 @@ def test_raise_without_nodes_counts_nothing(etcd_url, store):
         ({"action": "wait_acks", "epoch": 1, "nodes": ["n1"], "quiet_s": -1}, "quiet_s"),
         ({"action": "wait_acks", "epoch": 0, "nodes": ["n1"]}, "epoch"),
         ({"action": "wait_acks", "epoch": 1, "nodes": ["n1"], "wait_s": -1}, "wait_s"),
+        ({"action": "wait_direct", "epoch": 0, "nodes": ["n1"]}, "epoch"),
+        ({"action": "wait_direct", "epoch": 1, "nodes": ["n1"], "wait_s": -1}, "wait_s"),
     ],
 )
 def test_bad_input_is_refused_naming_the_field_and_the_fence_stays(etcd_url, store, args, field):

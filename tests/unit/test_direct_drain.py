@@ -174,3 +174,13 @@ def test_a_marker_that_cannot_be_written_is_reported_not_raised(tmp_path):
     blocker.write_text("")
     layout = PinLayout("/sys/fs/bpf/zerolayer-unit", fence_file=str(blocker / "fence.json"))
     assert direct_drain.note_all_zero(layout, "fast rollback", epoch=1) is False
+
+
+def test_an_engine_replaced_in_its_slot_sends_the_old_connections_to_be_decided_again(layout):
+    direct_drain.note_weight(layout, PORT, 0, 10000, "canary 100%")
+    assert direct_drain.note_engine_replaced(layout, PORT, 10000, "upgrade swap") is True
+    marker = read_as_engines_do(layout)
+    entry = marker["ports"][str(PORT)]
+    assert entry["weight_bp"] == 10000, "the weight stays"
+    assert rule.must_leave(marker, PORT, entry["since_unix"] - 5) is True
+    assert rule.must_leave(marker, PORT, entry["since_unix"] + rule.ACCEPT_SLACK_S + 0.1) is False

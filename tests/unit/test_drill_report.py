@@ -253,6 +253,8 @@ def test_check_mode_writes_nothing(tmp_path):
         (lambda p: p["events"].update(restored="soon"), "events"),
         (lambda p: p.update(load_summary="/nonexistent/load.json"), "load_summary"),
         (lambda p: p.update(max_failed_requests=-1), "max_failed_requests"),
+        (lambda p: p.update(pooled_load_summary="/nonexistent/p.json"), "pooled_load_summary"),
+        (lambda p: p.update(pooled_direct_budget_s=0), "pooled_direct_budget_s"),
     ],
 )
 def test_bad_input_is_refused_with_the_field_named_and_nothing_written(tmp_path, change, field):
@@ -262,3 +264,60 @@ def test_bad_input_is_refused_with_the_field_named_and_nothing_written(tmp_path,
         drill.run(params, False)
     assert raised.value.details["field"] == field
     assert not (tmp_path / "report").exists()
+
+
+# -- the pooled keep-alive client beside it --------------------------------------------------
+
+
+def pooled_summary(last_direct_after_fast, failed=0):
+    """A pooled client's summary: its last direct answer that long after the fast trigger."""
+    summary = load_summary()
+    summary.update(
+        connection_mode="pooled",
+        requests_failed=failed,
+        failures_by_cause={"connection_reset": failed} if failed else {},
+        stale_connection_retries=2,
+    )
+    summary["paths"]["direct"]["last_ended_unix"] = T0 + FAST_AT + last_direct_after_fast
+    return summary
+
+
+def with_pooled(tmp_path, summary, budget=2.0):
+    params = write_inputs(tmp_path)
+    path = tmp_path / "load-pooled.json"
+    path.write_text(json.dumps(summary))
+    params.update(pooled_load_summary=str(path), pooled_direct_budget_s=budget)
+    return params
+
+
+def test_a_pooled_client_off_the_direct_path_in_time_passes_and_is_reported(tmp_path):
+    result = drill.run(with_pooled(tmp_path, pooled_summary(0.4)), False)
+    assert result["passed"], result["failed_checks"]
+    checks = checks_by_name(result)
+    assert checks["pooled_clients_leave_the_direct_path"]["measured"] == 0.4
+    pooled = result["report"]["clients"]["pooled"]
+    assert pooled["connection_mode"] == "pooled" and pooled["stale_connection_retries"] == 2
+    assert pooled["last_direct_answer_after_fast_trigger_s"] == 0.4
+    assert result["report"]["clients"]["per_request"]["connection_mode"] == "per-request"
+
+
+def test_a_pooled_client_still_direct_past_the_budget_fails_the_drill(tmp_path):
+    # Without the engines' direct drain a pooled client stayed direct until it stopped.
+    result = drill.run(with_pooled(tmp_path, pooled_summary(35.0)), False)
+    assert not result["passed"]
+    check = checks_by_name(result)["pooled_clients_leave_the_direct_path"]
+    assert (check["passed"], check["measured"], check["expected"]) == (False, 35.0, "<= 2.0 s")
+
+
+def test_a_request_the_pooled_client_lost_fails_the_drill(tmp_path):
+    result = drill.run(with_pooled(tmp_path, pooled_summary(0.4, failed=1)), False)
+    assert checks_by_name(result)["pooled_no_request_lost"]["passed"] is False
+    assert not result["passed"]
+
+
+def test_without_a_pooled_client_neither_check_runs(tmp_path):
+    result = drill.run(write_inputs(tmp_path), False)
+    assert not {"pooled_no_request_lost", "pooled_clients_leave_the_direct_path"} & set(
+        checks_by_name(result)
+    )
+    assert set(result["report"]["clients"]) == {"per_request"}

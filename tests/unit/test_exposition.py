@@ -34,7 +34,6 @@ def snapshot(**overrides):
                 "weight_bp": 1250,
                 "generation": 3,
                 "engine_sockets": 2,
-                "direct_connections": 3,
                 "counters": dict(COUNTERS),
             },
             {
@@ -43,7 +42,6 @@ def snapshot(**overrides):
                 "weight_bp": 10000,
                 "generation": 1,
                 "engine_sockets": 0,
-                "direct_connections": 0,
                 "counters": dict.fromkeys(COUNTERS, 0),
             },
         ],
@@ -76,7 +74,6 @@ def test_every_documented_metric_has_its_type():
         "zerolayer_route_weight_ratio": "gauge",
         "zerolayer_route_generation": "gauge",
         "zerolayer_route_engine_sockets": "gauge",
-        "zerolayer_route_direct_connections": "gauge",
         "zerolayer_route_lookups_total": "counter",
         "zerolayer_route_decisions_total": "counter",
         "zerolayer_route_decision_duration_seconds": "histogram",
@@ -100,7 +97,6 @@ def test_values_and_labels():
     assert found['zerolayer_route_weight_ratio{route="chat",port="8080"}'] == 0.125
     assert found['zerolayer_route_generation{route="chat"}'] == 3
     assert found['zerolayer_route_engine_sockets{route="chat"}'] == 2
-    assert found['zerolayer_route_direct_connections{route="chat"}'] == 3
     assert found['zerolayer_route_lookups_total{route="chat"}'] == 100
     for outcome, value in (
         ("engine", 20),

@@ -6,6 +6,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmat
     NO_RESULT,
     by_fast_push,
     by_watcher,
+    direct_drains,
     node_confirmations,
 )
 
@@ -166,3 +167,61 @@ def test_a_deep_push_line_is_what_deep_push_noted_for_that_node():
     lines = node_confirmations(["n2", "n3"], {}, {}, "deep", {"n2": noted, "n3": {"rc": 0}})
     assert lines[0] is noted
     assert lines[1]["error"] == NO_RESULT, "a result that is no deep note confirms nothing"
+
+
+# -- how the pooled clients' direct connections left ----------------------------------------
+
+STARTED = 1_796_000_000.0
+
+
+def watcher_report(drained, left=None, at=STARTED + 0.8):
+    return {
+        "node": "ignored",
+        "epoch": 7,
+        "action": "fast",
+        "first": {"chat": 3},
+        "left": left or {},
+        "drained": drained,
+        "drained_after_s": 0.4 if drained else None,
+        "waited_s": 0.4,
+        "at_unix": at,
+    }
+
+
+def test_direct_drains_by_watcher_and_by_push_and_the_nodes_that_said_nothing():
+    pushed = {
+        "n3": {
+            "rc": 1,
+            "stdout": '{"drained": false, "first": {"chat": 2}, "left": {"chat": 2}, '
+            '"drained_after_s": null, "waited_s": 35.0}\n',
+        },
+        "n4": {"rc": 0, "stdout": "not json\n"},
+    }
+    summary = direct_drains(
+        ["n1", "n2", "n3", "n4"],
+        {"n1": watcher_report(True), "n2": watcher_report(True, at=STARTED + 1.25)},
+        pushed,
+        STARTED,
+    )
+    assert summary["nodes"]["n1"] == {
+        "by": "watcher",
+        "drained": True,
+        "first": {"chat": 3},
+        "left": {},
+        "drained_after_s": 0.4,
+        "after_command_start_s": 0.8,
+    }
+    assert summary["nodes"]["n3"]["by"] == "push"
+    assert summary["left"] == {"n3": {"chat": 2}}
+    assert summary["unreported"] == ["n4"]
+    assert summary["slowest_after_command_start_s"] == 1.25
+
+
+def test_direct_drains_with_nothing_reported():
+    summary = direct_drains(["n1"], {}, {}, STARTED)
+    assert summary == {
+        "nodes": {},
+        "left": {},
+        "unreported": ["n1"],
+        "slowest_after_command_start_s": None,
+    }

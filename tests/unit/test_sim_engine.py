@@ -860,7 +860,7 @@ def test_a_busy_direct_connection_is_told_to_close_on_its_next_answer(drained_ha
     engine = drained_hand_over.service_port
     connection = engine.connection(timeout=10)
     try:
-        first, _ = engine.chat(connection=connection)
+        first = engine.chat(connection=connection)[0]
         assert first.status == 200 and first.getheader("Connection") is None
         write_marker(drained_hand_over.marker, rolled_back())
         time.sleep(0.1)  # the engine looks at the marker at most every 50 ms
@@ -872,7 +872,7 @@ def test_a_busy_direct_connection_is_told_to_close_on_its_next_answer(drained_ha
         connection.close()
     # At weight 0 any direct connection is one the router decided before the rollback (in
     # the accept queue, say): answered, and told to close as well.
-    late, _ = engine.chat()
+    late = engine.chat()[0]
     assert late.status == 200 and late.getheader("Connection") == "close"
     text = drained_hand_over.own_port.metrics()
     assert (
@@ -902,8 +902,8 @@ def test_the_proxys_connections_to_the_engines_own_port_are_never_touched(draine
     try:
         write_marker(drained_hand_over.marker, rolled_back())
         time.sleep(0.8)  # longer than the grace: an idle direct one would be closed by now
-        for _ in range(3):
-            response, _ = engine.chat(connection=connection)
+        for _attempt in range(3):
+            response = engine.chat(connection=connection)[0]
             assert response.status == 200 and response.getheader("Connection") is None
     finally:
         connection.close()
@@ -929,8 +929,8 @@ def test_a_weight_raised_again_ends_the_closing_for_new_connections(drained_hand
     engine = drained_hand_over.service_port
     connection = engine.connection(timeout=10)
     try:
-        for _ in range(3):
-            response, _ = engine.chat(connection=connection)
+        for _attempt in range(3):
+            response = engine.chat(connection=connection)[0]
             assert response.status == 200 and response.getheader("Connection") is None
         time.sleep(0.6)
         assert engine.chat(connection=connection)[0].getheader("Connection") is None
@@ -943,7 +943,7 @@ def test_a_torn_or_foreign_marker_closes_nothing(drained_hand_over):
     engine = drained_hand_over.service_port
     connection = engine.connection(timeout=10)
     try:
-        for _ in range(2):
+        for _attempt in range(2):
             assert engine.chat(connection=connection)[0].getheader("Connection") is None
     finally:
         connection.close()

@@ -175,7 +175,7 @@ def test_direct_connections_leave_gracefully_after_a_lowering(server):
     try:
         # (a) No marker: one connection carries many requests.
         pooled = client()
-        for _ in range(20):
+        for _attempt in range(20):
             served, connection = pooled.get()
             sent += 1
             assert connection is None
@@ -230,7 +230,7 @@ def test_direct_connections_leave_gracefully_after_a_lowering(server):
         )  # fmt: skip
         time.sleep(max(0.1, lowered + ACCEPT_SLACK_S + 0.2 - time.time()))
         fresh = client()
-        for _ in range(5):
+        for _attempt in range(5):
             served, connection = fresh.get()
             sent += 1
             assert connection is None

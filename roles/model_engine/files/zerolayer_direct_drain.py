@@ -20,11 +20,13 @@ The marker, as JSON:
     {"version": 1,
      "all": {"since_unix": T, "epoch": E, "reason": "fast rollback"},
      "ports": {"8000": {"since_unix": T, "updated_unix": U, "weight_bp": W, "epoch": E,
-                        "reason": "canary step down"}}}
+                        "reason": "canary step down"}},
+     "written_unix": W}
 
 "all" is a weight-0 moment for every route (a rollback, the router detached); "ports"
 holds the last change of one service port's weight: since_unix is its last lowering,
-updated_unix its last write (a raise keeps since_unix). Of the two, the later governs.
+updated_unix its last write (a raise keeps since_unix). Of the two, the later governs
+(the writer keeps every write strictly later than the last, written_unix).
 At weight 0 every direct connection leaves; at a lower weight above 0 those first seen
 before the lowering leave, and the router decides again for each as it reconnects. A
 weight raised again (a new canary) ends the closing: connections made after the lowering

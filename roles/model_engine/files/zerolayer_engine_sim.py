@@ -734,7 +734,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         while True:
             if self.request_buffered():
                 return True
-            readable, _, _ = select.select([self.connection], [], [], poll_s)
+            readable = select.select([self.connection], [], [], poll_s)[0]
             if readable:
                 return True
             idle_s = time.monotonic() - idle_from
