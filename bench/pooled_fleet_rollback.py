@@ -4,8 +4,8 @@ rollback; how long after the command's start their last direct answer came.
 
 One run: a sandbox fleet of --nodes nodes is started and provisioned once (the roles a
 rollback touches, as bench/rollback_scale.py does), reached over SSH; then each round, for
-each mode: the weight to 100 on every node (a deep rollback's router put back first with
-restore.yml), files/load --connection-mode pooled (a keep-alive pool per worker, a worker
+each mode: the weight to 100 on every node (after a deep rollback, the router put back with
+restore.yml first), files/load --connection-mode pooled (a keep-alive pool per worker, a worker
 per node) and bench/clients/openai_sdk_load.py (one shared OpenAI client per worker, a
 worker per node) started on the controller, --warm seconds once both see direct answers,
 `ansible-playbook playbooks/rollback.yml`, --hold seconds more, the clients stopped.
@@ -107,8 +107,6 @@ def direct_seen(summary_path):
 
 def one_rollback(env, workdir, nodes, mode, index, args, facts):
     port, model, host, addresses = facts
-    if mode == "deep":
-        restore(env, nodes)
     set_weight(env, nodes, 100)
     seconds = 120
     procs, summaries, stop_file = start_clients(
@@ -138,6 +136,8 @@ def one_rollback(env, workdir, nodes, mode, index, args, facts):
         stop_file.touch()
         for proc in procs:
             proc.wait(timeout=180)
+    if mode == "deep":
+        restore(env, nodes)  # the router back, for the next round's weight
     facts_report = json.loads(report.read_text())
     started = float(facts_report["started_at_unix"])
     row = {
@@ -225,7 +225,6 @@ def main(argv=None):
             for index in range(args.rounds):
                 for mode in args.modes:
                     rows.append(one_rollback(env, workdir, nodes, mode, index, args, facts))
-            restore(env, nodes)
     finally:
         if not (args.keep_fleet or args.reuse_fleet):
             subprocess.run([str(SANDBOX), "down"], env=env, check=False)
