@@ -86,6 +86,10 @@ _HELP = {
     "zerolayer_fence_watcher_last_ack_timestamp_seconds": "Unix time of that acknowledgement",
     "zerolayer_fence_watcher_status_timestamp_seconds": "Unix time the watcher last wrote its "
     "status (at least every 10 s while it runs)",
+    "zerolayer_route_direct_connections": "Established direct-path connections on the route's "
+    "port (clients the router handed to an engine that keep their connection), as the fence "
+    "watcher counted them when it last wrote its status; after a weight goes down the engines "
+    "let them go",
     "zerolayer_rollout_record_ok": "0 when the node's rollout record exists but cannot be read "
     "or understood (no other rollout series then)",
     "zerolayer_rollout_info": "The rollout in the node's record and its outcome",
@@ -484,6 +488,19 @@ def render_fence(lines, fence):
     ):
         if isinstance(watcher.get(key), (int, float)) and not isinstance(watcher[key], bool):
             _gauge(lines, name, [], watcher[key])
+    direct = watcher.get("direct_connections")
+    if isinstance(direct, dict) and direct:
+        name = "zerolayer_route_direct_connections"
+        _family(
+            lines,
+            name,
+            "gauge",
+            [
+                _sample(name, [("route", route)], count)
+                for route, count in sorted(direct.items())
+                if isinstance(count, int) and not isinstance(count, bool)
+            ],
+        )
 
 
 def _gauge(lines, name, labels, value):

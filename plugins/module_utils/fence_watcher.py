@@ -385,10 +385,25 @@ class Watcher:
             return False
         return True
 
+    def count_direct(self):
+        """{route: its direct-path connections now}, or None when they cannot be counted.
+        The watcher counts them (root sees every process's sockets) for the exporter, which
+        runs without the privileges to."""
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
+            direct_connections,
+        )
+
+        try:
+            counts = direct_connections([route["port"] for route in self.routes], self.netns)
+        except (FleetError, OSError):
+            return None
+        return {route["name"]: counts[route["port"]] for route in self.routes}
+
     def write_status(self):
         """The status file the exporter reads (replaced atomically)."""
         if not self.status_file:
             return
+        self.status["direct_connections"] = self.count_direct()
         self.status["updated_at_unix"] = round(time.time(), 3)
         directory = os.path.dirname(self.status_file) or "."
         os.makedirs(directory, mode=0o755, exist_ok=True)

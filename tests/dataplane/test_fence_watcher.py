@@ -369,6 +369,8 @@ def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
     )
     assert before["zerolayer_node_fence_epoch"] == "0"
     assert before["zerolayer_router_kept_detached"] == "0"
+    # The watcher counts the direct connections (as root) for the exporter: none here.
+    assert before['zerolayer_route_direct_connections{route="chat"}'] == "0"
     raised = store.raise_fence("deep", "exporter test", "test")
     acknowledged(store, raised["epoch"])
     # The watcher writes its status just after the acknowledgement: wait for that too.

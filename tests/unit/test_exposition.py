@@ -440,3 +440,17 @@ def test_exporter_passes_the_rollout_record_option(monkeypatch, argv, expected):
 def test_serve_without_a_record_path_leaves_the_rollout_out():
     handler = exposition.make_handler(None, lambda _layout: snapshot(), None)
     assert "zerolayer_rollout_" not in scrape(handler)[1]
+
+
+def test_the_watchers_count_of_direct_connections_is_exported_per_route():
+    fence = {
+        "epoch": 3,
+        "kept_detached": False,
+        "watcher": {"connected": True, "direct_connections": {"chat": 2, "batch": 0}},
+    }
+    found = samples(exposition.render({"fence": fence}))
+    assert found['zerolayer_route_direct_connections{route="chat"}'] == 2
+    assert found['zerolayer_route_direct_connections{route="batch"}'] == 0
+    # A watcher that could not count (or an older one) exports no such series.
+    fence["watcher"]["direct_connections"] = None
+    assert "zerolayer_route_direct_connections" not in exposition.render({"fence": fence})
