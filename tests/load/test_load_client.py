@@ -374,7 +374,7 @@ def test_per_request_mode_keeps_its_summary_and_a_connection_per_request(
         "--api-key-file",
         str(engine["keys"]),
         "--duration",
-        "1",
+        "2",
         "--concurrency",
         "1",
     )
@@ -387,7 +387,7 @@ def test_per_request_mode_keeps_its_summary_and_a_connection_per_request(
     assert direct["connections_closed_by_server"] == 0
     assert direct["last_began_unix"] <= direct["last_ended_unix"] <= time.time()
     assert summary["requests_failed"] == 0, summary["failure_examples"]
-    assert summary["requests_ok"] > 5
+    assert summary["requests_ok"] >= 3
     assert engine_proxy.accepted == summary["requests_ok"]
 
 
@@ -398,13 +398,14 @@ def test_pooled_mode_reuses_one_connection(engine, engine_proxy, tmp_path):
         "--api-key-file",
         str(engine["keys"]),
         "--duration",
-        "1",
+        "2",
         "--stream-percent",
         "50",
     )
     assert summary["connection_mode"] == "pooled"
     assert summary["requests_failed"] == 0, summary["failure_examples"]
-    assert summary["requests_ok"] > 10
+    # However slow the machine: several requests, all on the one connection.
+    assert summary["requests_ok"] >= 3
     assert summary["streams_completed"] > 0
     # Streamed (chunked) and plain answers alike leave the connection reusable.
     assert engine_proxy.accepted == 1
@@ -425,11 +426,12 @@ def test_connection_close_makes_the_pool_open_a_new_connection(raw_server, tmp_p
 
 
 def test_a_close_that_arrived_before_reuse_costs_nothing(raw_server, tmp_path):
-    server = raw_server(idle_close_s=0.03)
-    # Requests 100 ms apart: the server has closed each connection before its reuse, and
-    # the pool sees it before it sends, as httpx and urllib3 do.
+    # The server closes each connection as soon as it has answered (idle for 0 s), and the
+    # requests come 250 ms apart: the close is there before the reuse, and the pool sees it
+    # before it sends, as httpx and urllib3 do.
+    server = raw_server(idle_close_s=0)
     summary = pooled(
-        tmp_path, server.port, "--duration", "1", "--rate", "10", "--stream-percent", "0"
+        tmp_path, server.port, "--duration", "1.5", "--rate", "4", "--stream-percent", "0"
     )
     assert summary["requests_failed"] == 0, summary["failure_examples"]
     assert summary["stale_connection_retries"] == 0
@@ -472,7 +474,7 @@ def test_an_expired_idle_connection_is_not_reused(raw_server, tmp_path):
         tmp_path,
         server.port,
         "--duration",
-        "0.6",
+        "1",
         "--rate",
         "10",
         "--stream-percent",
@@ -481,7 +483,7 @@ def test_an_expired_idle_connection_is_not_reused(raw_server, tmp_path):
         "0",
     )
     assert summary["requests_failed"] == 0, summary["failure_examples"]
-    assert summary["requests_ok"] >= 4
+    assert summary["requests_ok"] >= 3
     assert server.accepted == summary["requests_ok"]
     assert summary["stale_connection_retries"] == 0
 
