@@ -221,6 +221,12 @@ def direct_connections(service_ports, netns_path=None, proc="/proc"):
     return counts
 
 
+def direct_connections_by_route(routes, netns_path=None):
+    """{route name: its direct connections now}; routes: {name: service port}."""
+    counts = direct_connections(routes.values(), netns_path)
+    return {name: counts[port] for name, port in routes.items()}
+
+
 def wait_until_drained(routes, wait_s, netns_path=None, poll_s=0.1, clock=time.monotonic):
     """Count each route's direct connections until none is left, for at most wait_s.
 
@@ -231,8 +237,7 @@ def wait_until_drained(routes, wait_s, netns_path=None, poll_s=0.1, clock=time.m
     started = clock()
     first = None
     while True:
-        counts = direct_connections(routes.values(), netns_path)
-        by_name = {name: counts[port] for name, port in routes.items()}
+        by_name = direct_connections_by_route(routes, netns_path)
         if first is None:
             first = by_name
         left = {name: count for name, count in by_name.items() if count}

@@ -303,7 +303,7 @@ class Watcher:
 
         try:
             outcome = wait_until_drained(
-                {route["name"]: route["port"] for route in self.routes},
+                self.routes_by_name(),
                 max(0.0, wait_s - (time.monotonic() - started)),
                 self.netns,
             )
@@ -390,14 +390,16 @@ class Watcher:
         The watcher counts them (root sees every process's sockets) for the exporter, which
         runs without the privileges to."""
         from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
-            direct_connections,
+            direct_connections_by_route,
         )
 
         try:
-            counts = direct_connections([route["port"] for route in self.routes], self.netns)
+            return direct_connections_by_route(self.routes_by_name(), self.netns)
         except (FleetError, OSError):
             return None
-        return {route["name"]: counts[route["port"]] for route in self.routes}
+
+    def routes_by_name(self):
+        return {route["name"]: route["port"] for route in self.routes}
 
     def write_status(self):
         """The status file the exporter reads (replaced atomically)."""
