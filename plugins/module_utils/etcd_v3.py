@@ -23,6 +23,13 @@ import urllib.parse
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 DEFAULT_TIMEOUT_S = 3.0
+# Requests that change nothing a second copy would change again: a read, a login, a lease
+# (one granted twice leaves an unused lease that expires by its TTL). Asked once more when no
+# endpoint answered in time: a member busy for a moment (a slow fsync on a loaded disk) is
+# not an outage. Writes are never asked twice: the first may have been applied.
+RETRIED_PATHS = frozenset(
+    ("/v3/kv/range", "/v3/auth/authenticate", "/v3/lease/grant", "/v3/lease/timetolive")
+)
 
 
 class StoreUnavailable(FleetError):
@@ -183,13 +190,22 @@ class EtcdClient:
         self._token = answer.get("token")
 
     def call(self, path, body, token=True):
-        """POST body to path; the decoded JSON answer. An expired token is renewed once."""
+        """POST body to path; the decoded JSON answer. An expired token is renewed once; a
+        request of RETRIED_PATHS that no endpoint answered is sent once more."""
         try:
-            return self._call(path, body, token)
+            return self._call_once_more_if_unanswered(path, body, token)
         except FleetError as exc:
             if not (token and self.user and "auth token" in exc.message):
                 raise
         self._token = None
+        return self._call_once_more_if_unanswered(path, body, token)
+
+    def _call_once_more_if_unanswered(self, path, body, token):
+        try:
+            return self._call(path, body, token)
+        except StoreUnavailable:
+            if path not in RETRIED_PATHS:
+                raise
         return self._call(path, body, token)
 
     def _call(self, path, body, token):

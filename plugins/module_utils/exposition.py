@@ -30,6 +30,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node_artifact import (
+    installed_version,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     LATENCY_SAMPLE_EVERY,
 )
@@ -57,6 +60,8 @@ ENDED_ON_PROXY = ("rolled_back", "aborted")
 ROLLBACK_KINDS = ("fast", "deep")
 
 _HELP = {
+    "zerolayer_node_artifact_info": "The node artifact this exporter runs: its version (the "
+    "collection's version and a digest of its content; unpackaged when run from a checkout)",
     "zerolayer_router_attached": "1 while the router's link is attached to the node's network "
     "namespace",
     "zerolayer_router_info": "The program that runs now",
@@ -190,6 +195,7 @@ def collect(layout, run_time_stats=False, watcher_status=None):
     from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
 
     snapshot = {"attached": False, "program": None, "routes": [], "latency_buckets": None}
+    snapshot["node_artifact"] = node_artifact_version()
     # The fence lives outside bpffs: it is there (and matters most) when the pins are not.
     snapshot["fence"] = collect_fence(layout, watcher_status)
     if not os.path.isdir(layout.pin_dir):
@@ -364,6 +370,8 @@ def render(snapshot):
     lines = []
     program = snapshot.get("program")
     routes = snapshot.get("routes") or []
+    if snapshot.get("node_artifact"):
+        render_node_artifact(lines, snapshot["node_artifact"])
     _family(
         lines,
         "zerolayer_router_attached",
@@ -468,6 +476,16 @@ def render(snapshot):
     if rollout is not None:
         render_rollout(lines, rollout)
     return "\n".join(lines) + "\n"
+
+
+def node_artifact_version():
+    """The version of the node artifact this process runs, "unpackaged" outside one."""
+    return installed_version() or "unpackaged"
+
+
+def render_node_artifact(lines, version):
+    """zerolayer_node_artifact_info{version}: a fleet running two versions shows two."""
+    _gauge(lines, "zerolayer_node_artifact_info", [("version", version)], 1)
 
 
 def render_fence(lines, fence):

@@ -88,9 +88,11 @@ def read_store(store):
 def collect(store):
     """store_state() of one look at the store, or {"up": False, "error"} when it failed."""
     try:
-        return store_state(read_store(store))
+        state = store_state(read_store(store))
     except FleetError as exc:  # StoreUnavailable, or the store refused (permission denied)
-        return {"up": False, "error": exc.message}
+        state = {"up": False, "error": exc.message}
+    state["node_artifact"] = exposition.node_artifact_version()
+    return state
 
 
 # What the keys say (pure)
@@ -213,6 +215,8 @@ def _family(lines, name, samples):
 def render(state):
     """The exposition text of a collect() result."""
     lines = []
+    if state.get("node_artifact"):
+        exposition.render_node_artifact(lines, state["node_artifact"])
     _family(lines, "zerolayer_rollout_store_up", [([], 1 if state["up"] else 0)])
     if not state["up"]:
         return "\n".join(lines) + "\n"

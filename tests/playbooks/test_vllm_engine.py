@@ -304,8 +304,9 @@ def test_the_canary_with_the_default_gates_rolls_vllm_to_full_weight(
     fleet, vllm_node, load, tmp_path
 ):
     """canary.yml with the collection's default gates (the sandbox inventory scales only
-    their sample floors and two thresholds), one wave of every node: each gate must decide on
-    vLLM's own metrics beside the simulators', and the rollout completes under load."""
+    their sample floors and two thresholds, and this test the first-token one), one wave of
+    every node: each gate must decide on vLLM's own metrics beside the simulators', and the
+    rollout completes under load."""
     node, _inventory = vllm_node
     fleet.set_weight(0)
     records = tmp_path / "rollouts"
@@ -321,6 +322,13 @@ def test_the_canary_with_the_default_gates_rolls_vllm_to_full_weight(
             "canary_rollout_id=vllm-canary",
             "-e",
             json.dumps({"canary_waves": ["gpu_nodes"]}),
+            # vLLM on CPU shares this 2-core machine with the nodes, the controller and the
+            # load client: a stage's first window holds its own weight writes and split reads
+            # on the vLLM node, and its p99 to the first token came out 1.6-1.7 times the
+            # quiet window before it, run alone as in a full run. The gate still decides on
+            # vLLM's histograms; how it judges worse ones is tests/monitoring's.
+            "-e",
+            "canary_gates_ttft_ratio_threshold=2.5",
             timeout=1500,
         )
     finally:

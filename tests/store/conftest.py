@@ -23,9 +23,14 @@ from .etcd_member import running_etcd  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def etcd_url():
+def etcd_member():
     with running_etcd() as member:
-        yield member.url
+        yield member
+
+
+@pytest.fixture(scope="session")
+def etcd_url(etcd_member):
+    return etcd_member.url
 
 
 @pytest.fixture

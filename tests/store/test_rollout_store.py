@@ -192,6 +192,48 @@ def test_an_unreachable_store_says_so():
     assert "127.0.0.1:9" in failed.value.message and "127.0.0.1:10" in failed.value.message
 
 
+@pytest.fixture
+def paused_member(etcd_member):
+    """pause(seconds): the member stops answering (SIGSTOP, as a member stalled on a slow
+    disk) and resumes after `seconds`; it is resumed at the end of the test whatever happens."""
+    timers = []
+
+    def resume():
+        os.killpg(etcd_member.proc.pid, signal.SIGCONT)
+
+    def pause(seconds):
+        os.killpg(etcd_member.proc.pid, signal.SIGSTOP)
+        timers.append(threading.Timer(seconds, resume))
+        timers[-1].start()
+
+    try:
+        yield pause
+    finally:
+        for timer in timers:
+            timer.cancel()
+        resume()
+
+
+def test_a_read_is_asked_once_more_when_the_member_did_not_answer_in_time(store, paused_member):
+    client = EtcdClient(store.client.endpoints, timeout=2)
+    client.put(store.key("busy"), {"n": 1})
+    # The first try times out after 2 s; the second, sent then, is answered at the resume (3 s).
+    paused_member(3)
+    started = time.monotonic()
+    assert client.get(store.key("busy")).json() == {"n": 1}
+    assert time.monotonic() - started >= 2.5
+
+
+def test_a_write_is_never_asked_twice(store, paused_member):
+    client = EtcdClient(store.client.endpoints, timeout=2)
+    paused_member(3)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        client.put(store.key("busy-write"), {"n": 1})
+    # One try of 2 s, not two: a second copy of a write that was applied is a second write.
+    assert time.monotonic() - started < 3
+
+
 @pytest.mark.parametrize("endpoints", [[], ["127.0.0.1:2379"], ["ftp://x"]])
 def test_bad_endpoints_name_the_field(endpoints):
     with pytest.raises(FleetError) as failed:

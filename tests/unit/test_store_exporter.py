@@ -10,6 +10,7 @@ import threading
 import types
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter as se
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
@@ -206,16 +207,24 @@ def test_a_key_it_does_not_understand_is_counted_and_the_rest_exported(bad):
     assert ("zerolayer_rollout_store_fence_epoch" in text) is (where != "fence")
 
 
-def test_a_store_that_cannot_be_read_gives_only_up_zero():
+def test_a_store_that_cannot_be_read_gives_only_up_zero_and_the_version():
     def refused(_key):
         raise FleetError("the rollout store cannot be reached (x: refused)")
 
     unreachable = types.SimpleNamespace(client=types.SimpleNamespace(get=refused), key=store_key)
     state = se.collect(unreachable)
-    assert state == {"up": False, "error": "the rollout store cannot be reached (x: refused)"}
+    # Run from the checkout, not from the node artifact: its version says so.
+    assert state == {
+        "up": False,
+        "error": "the rollout store cannot be reached (x: refused)",
+        "node_artifact": "unpackaged",
+    }
     assert se.render(state) == (
+        "# HELP zerolayer_node_artifact_info %s\n# TYPE zerolayer_node_artifact_info gauge\n"
+        'zerolayer_node_artifact_info{version="unpackaged"} 1\n'
         "# HELP zerolayer_rollout_store_up %s\n# TYPE zerolayer_rollout_store_up gauge\n"
-        "zerolayer_rollout_store_up 0\n" % se._HELP["zerolayer_rollout_store_up"]
+        "zerolayer_rollout_store_up 0\n"
+        % (exposition._HELP["zerolayer_node_artifact_info"], se._HELP["zerolayer_rollout_store_up"])
     )
 
 

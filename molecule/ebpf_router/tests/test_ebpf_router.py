@@ -179,6 +179,21 @@ def test_config_matches_inventory(host):
     ]
 
 
+def test_the_commands_are_one_node_artifact_and_tell_its_version(host):
+    """One versioned zip application, linked under each command's name; the version the
+    commands print is the one the exporter exports; nothing copied file by file is left."""
+    lib = host.file("/usr/local/lib/zerolayer/zerolayer-node.pyz")
+    assert lib.is_symlink and lib.linked_to.startswith("/usr/local/lib/zerolayer/zerolayer-node-")
+    for command in ("zerolayer-routectl", "zerolayer-register-engine", "zerolayer-route-exporter"):
+        link = host.file("/usr/local/sbin/" + command)
+        assert link.is_symlink and link.linked_to == lib.linked_to
+    printed = host.check_output("%s --version" % ROUTECTL)
+    version = printed.rsplit(" ", 1)[1]
+    assert lib.linked_to.endswith("zerolayer-node-%s.pyz" % version), printed
+    assert 'zerolayer_node_artifact_info{version="%s"} 1' % version in metrics(host)
+    assert not host.file("/usr/local/lib/zerolayer/ansible_collections").exists
+
+
 def test_cli_rejects_bad_input_naming_the_field(host):
     result = host.run("%s set-weight --route chat --weight 101" % ROUTECTL)
     assert result.rc == 2

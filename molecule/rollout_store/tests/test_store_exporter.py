@@ -31,11 +31,10 @@ PORT = 9465
 WORK = "/root/zl-verify-exporter"
 WAVE = 'rollout_id="verify-rollout",wave="wave_canary"'
 
-# Writes as the runner and the operators do, with the collection's own functions (the copy
-# the exporter runs): plan a wave and start its first stage, own its scope, raise the
+# Writes as the runner and the operators do, with the collection's own functions (the node
+# artifact the exporter runs): plan a wave and start its first stage, own its scope, raise the
 # fence, release the scope, pause the wave. One action per run; prints what it did.
-WRITER = (
-    """
+WRITER = """
 import datetime, json, sys
 sys.path.insert(0, %r)
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
@@ -68,9 +67,7 @@ elif action == "pause":
     records.write(record, token)
     done["paused_at"] = now.timestamp()
 print(json.dumps(done))
-"""
-    % LIB_DIR
-)
+""" % (LIB_DIR + "/zerolayer-node.pyz")
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +136,16 @@ def test_exporter_runs_as_its_own_account_without_capabilities(host):
     pid = host.check_output(f"systemctl show -p MainPID --value {UNIT}")
     assert host.check_output(f"stat -c %U /proc/{pid}") == ACCOUNT
     assert "--store-config" in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+
+
+def test_exporter_runs_the_node_artifact_and_exports_its_version(host, address):
+    link = host.file(LIB_DIR + "/zerolayer-node.pyz")
+    assert link.is_symlink and host.file("/usr/local/sbin/zerolayer-store-exporter").is_symlink
+    printed = host.check_output("/usr/local/sbin/zerolayer-store-exporter --version")
+    version = printed.rsplit(" ", 1)[1]
+    assert link.linked_to == "%s/zerolayer-node-%s.pyz" % (LIB_DIR, version), printed
+    assert scrape(host, address)['zerolayer_node_artifact_info{version="%s"}' % version] == 1
+    assert not host.file(LIB_DIR + "/ansible_collections").exists
 
 
 def test_exporter_listens_on_the_member_address(host, address):
@@ -219,13 +226,18 @@ def test_exporter_serves_the_store_as_the_collection_writes_it(host, address, wr
 
 
 def test_exporter_says_when_it_cannot_read_the_store(host, address):
-    """etcd stopped: the exporter still answers, with up 0 and nothing else."""
+    """etcd stopped: the exporter still answers, with up 0 and nothing else of the store
+    (its own version stays)."""
     host.check_output("systemctl stop etcd")
     try:
         got = scrape(host, address)
     finally:
         host.check_output("systemctl start etcd")
-    assert got == {"zerolayer_rollout_store_up{}": 0}
+    version = host.check_output("/usr/local/sbin/zerolayer-store-exporter --version").split()[-1]
+    assert got == {
+        "zerolayer_rollout_store_up{}": 0,
+        'zerolayer_node_artifact_info{version="%s"}' % version: 1,
+    }
     deadline = time.monotonic() + 60
     while scrape(host, address)["zerolayer_rollout_store_up{}"] != 1:
         assert time.monotonic() < deadline, "the exporter did not read the store again"
