@@ -20,9 +20,9 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
@@ -66,31 +66,23 @@ def read_fence(path):
             "rollout store's fence epoch" % (path, exc),
             {"field": "fence_file", "path": path},
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("epoch"), int):
+    epoch = data.get("epoch") if isinstance(data, dict) else None
+    # true is an int to Python and a negative epoch no fence ever wrote: neither is an epoch.
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise FleetError(
-            "fence file %s holds no epoch; fix it by hand after checking the rollout store" % path,
+            "fence file %s holds no epoch (a whole number from 0) but %r; fix it by hand after "
+            "checking the rollout store" % (path, epoch),
             {"field": "fence_file", "path": path},
         )
     return data
 
 
 def write_fence(path, fence):
-    """Replace the fence file atomically (temp file in the same directory, fsync, rename)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=".fence-", dir=directory)
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(fence, out, sort_keys=True)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+    """Replace the fence file atomically (temp file in the same directory, fsync, rename,
+    fsync of the directory): after a crash the node has the old fence or the new one."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    text = json.dumps(fence, sort_keys=True) + "\n"
+    write_atomic(path, lambda out: out.write(text.encode()), mode=0o600)
 
 
 @contextlib.contextmanager

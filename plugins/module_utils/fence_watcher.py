@@ -29,10 +29,10 @@ import json
 import os
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_text_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
@@ -407,18 +407,7 @@ class Watcher:
             return
         self.status["direct_connections"] = self.count_direct()
         self.status["updated_at_unix"] = round(time.time(), 3)
-        directory = os.path.dirname(self.status_file) or "."
-        os.makedirs(directory, mode=0o755, exist_ok=True)
-        handle, temp = tempfile.mkstemp(prefix=".fence-watcher-", dir=directory)
-        try:
-            with os.fdopen(handle, "w") as out:
-                json.dump(self.status, out, sort_keys=True)
-            os.chmod(temp, 0o644)
-            os.replace(temp, self.status_file)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        write_text_atomic(self.status_file, json.dumps(self.status, sort_keys=True))
 
 
 def read_status(path):

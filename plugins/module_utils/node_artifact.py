@@ -27,10 +27,11 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
-import tempfile
 import zipfile
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
@@ -72,6 +73,8 @@ raise SystemExit(main())
 # Zip entries carry this time and mode, so the same sources give the same bytes.
 ENTRY_TIME = (2020, 1, 1, 0, 0, 0)
 ENTRY_MODE = 0o644 << 16
+# The archive on the host: run by root and by the exporters' own accounts.
+EXECUTABLE_MODE = 0o755
 
 
 def artifact_name(version):
@@ -165,24 +168,18 @@ def archive_entries(source_dir, version_base):
 
 def write_archive(entries, path):
     """The zip application at path (written beside it, then renamed into place)."""
-    directory = os.path.dirname(path) or "."
-    handle, temp = tempfile.mkstemp(prefix=".node-artifact-", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(b"#!" + INTERPRETER.encode() + b"\n")
-            with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-                for name in sorted(entries):
-                    info = zipfile.ZipInfo(name, ENTRY_TIME)
-                    info.external_attr = ENTRY_MODE
-                    info.compress_type = zipfile.ZIP_DEFLATED
-                    archive.writestr(info, entries[name])
-        # An executable every account may run: the exporters run as accounts of their own.
-        os.chmod(temp, 0o755)  # noqa: S103
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
+
+    def write(stream):
+        stream.write(b"#!" + INTERPRETER.encode() + b"\n")
+        with zipfile.ZipFile(stream, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(entries):
+                info = zipfile.ZipInfo(name, ENTRY_TIME)
+                info.external_attr = ENTRY_MODE
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, entries[name])
+
+    # An executable every account may run: the exporters run as accounts of their own.
+    write_atomic(path, write, mode=EXECUTABLE_MODE)
 
 
 def sha256_of(path):
@@ -329,8 +326,6 @@ def install(source, dest_dir, commands_dir, commands, name, sha256, remove=()):
     """Install the archive `name` (its bytes at source; None when it is there already),
     point zerolayer-node.pyz and the commands at it, remove stale versions and the paths in
     remove. Returns the plan it carried out (install_plan)."""
-    import shutil
-
     plan = install_plan(dest_dir, commands_dir, commands, name, sha256, remove)
     target = os.path.join(dest_dir, name)
     if plan["copy"]:
@@ -340,18 +335,8 @@ def install(source, dest_dir, commands_dir, commands, name, sha256, remove=()):
                 % (name, sha256),
                 {"field": "sha256", "value": sha256},
             )
-        handle, temp = tempfile.mkstemp(prefix=".node-artifact-", dir=dest_dir)
-        try:
-            with os.fdopen(handle, "wb") as out, open(source, "rb") as copied:
-                shutil.copyfileobj(copied, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(temp, 0o755)  # noqa: S103 (read and run by the exporters' accounts)
-            os.replace(temp, target)
-        except BaseException:
-            if os.path.exists(temp):
-                os.unlink(temp)
-            raise
+        with open(source, "rb") as copied:
+            write_atomic(target, lambda stream: shutil.copyfileobj(copied, stream), EXECUTABLE_MODE)
     if plan["link"]:
         _replace_link(name, os.path.join(dest_dir, CURRENT_LINK))
     for command in plan["commands"]:

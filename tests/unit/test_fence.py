@@ -1,6 +1,7 @@
 """The node's fence (fence.py): what it admits, what it refuses, what it keeps."""
 
 import json
+import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
@@ -118,3 +119,25 @@ def test_a_raise_and_a_writers_record_never_lose_each_other(path):
 def _raise_many(path, times):
     for _time in range(times):
         fence.raise_fence(path, None, "fast rollback")
+
+
+@pytest.mark.parametrize("recorded", ['{"epoch": true}', '{"epoch": -1}', '{"epoch": 1.5}', "[3]"])
+def test_a_fence_file_without_a_whole_epoch_is_refused_not_read_as_one(path, recorded):
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as handle:
+        handle.write(recorded)
+    with pytest.raises(FleetError) as refused:
+        fence.read_fence(path)
+    assert refused.value.details["field"] == "fence_file"
+    # Nothing raises a weight while the file is wrong, and nothing rewrites it.
+    with pytest.raises(FleetError):
+        fence.admit(path, 4, True, "a canary step")
+    with open(path) as handle:
+        assert handle.read() == recorded
+
+
+def test_the_fence_file_is_written_whole_and_private(path):
+    fence.write_fence(path, {"epoch": 7, "action": "fast"})
+    assert fence.read_fence(path) == {"epoch": 7, "action": "fast"}
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")] == []
