@@ -62,6 +62,22 @@ options:
         the copy's path on the host (absent when the host has that version already).
       - Set by the action on the controller; a task that sets it is refused.
     type: dict
+    suboptions:
+      name:
+        description: The archive's file name.
+        type: str
+        required: true
+      version:
+        description: Its version.
+        type: str
+        required: true
+      sha256:
+        description: Its checksum; a copy that does not match is refused and changes nothing.
+        type: str
+        required: true
+      source:
+        description: The copy on the host.
+        type: path
 attributes:
   check_mode:
     support: full
@@ -69,14 +85,8 @@ attributes:
   diff_mode:
     support: full
     description: The version before and after.
-  action:
-    support: full
-    description: The archive is built by the action on the controller.
 seealso:
   - module: zerolayer.fleet.router
-extends_documentation_fragment:
-  - action_common_attributes
-  - action_common_attributes.flow
 """
 
 EXAMPLES = r"""
