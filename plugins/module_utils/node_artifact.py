@@ -8,8 +8,8 @@ nothing but Python's standard library. Instead of copying those files one by one
 controller builds them into one file, zerolayer-node-VERSION.pyz (Python's zipapp format):
 
 - it holds the modules the commands import, found by reading their imports (so none of the
-  controller's that they do not: no drill, notifications, canary steps or CLI), a __main__ that picks the command by the name it was run under, and
-  a manifest with the version;
+  controller's that they do not: no drill, notifications, canary steps or CLI), a __main__
+  that picks the command by the name it was run under, and a manifest with the version;
 - the version is the collection's version and a digest of what the archive holds
   ("0.1.0+3f2a9c0d41b7"), so two nodes with the same version run the same code; the build
   is byte for byte the same for the same sources (fixed times and modes in the zip), so its
