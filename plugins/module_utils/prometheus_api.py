@@ -70,6 +70,18 @@ def _reply_data(payload):
     return data.get("resultType"), data.get("result")
 
 
+# What a reply of the right status but the wrong shape raises while it is read (a proxy in
+# front of Prometheus, another API): a query error like any other, so a gate holds.
+SHAPE_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError)
+
+
+def _shape_error(result_type, result):
+    return FleetError(
+        "Prometheus reply has an unexpected shape for a %s: %.200r" % (result_type, result),
+        {"kind": "query"},
+    )
+
+
 def parse_range_response(payload):
     """{series labels as text: [(unix time, value), ...]} of a decoded /api/v1/query_range reply."""
     result_type, result = _reply_data(payload)
@@ -77,12 +89,15 @@ def parse_range_response(payload):
         raise FleetError(
             "a range query returned a %s, not a matrix" % result_type, {"kind": "query"}
         )
-    return {
-        Sample(item.get("metric", {}), None).label_text(): [
-            (float(at), parse_sample_value(value)) for at, value in item.get("values", [])
-        ]
-        for item in result
-    }
+    try:
+        return {
+            Sample(item.get("metric", {}), None).label_text(): [
+                (float(at), parse_sample_value(value)) for at, value in item.get("values", [])
+            ]
+            for item in result
+        }
+    except SHAPE_ERRORS:
+        raise _shape_error(result_type, result) from None
 
 
 def parse_query_response(payload):
@@ -92,12 +107,16 @@ def parse_query_response(payload):
     Range vectors and strings cannot be compared with a threshold and are refused.
     """
     result_type, result = _reply_data(payload)
-    if result_type == "scalar":
-        return [Sample({}, parse_sample_value(result[1]))]
-    if result_type == "vector":
-        return [
-            Sample(item.get("metric", {}), parse_sample_value(item["value"][1])) for item in result
-        ]
+    try:
+        if result_type == "scalar":
+            return [Sample({}, parse_sample_value(result[1]))]
+        if result_type == "vector":
+            return [
+                Sample(item.get("metric", {}), parse_sample_value(item["value"][1]))
+                for item in result
+            ]
+    except SHAPE_ERRORS:
+        raise _shape_error(result_type, result) from None
     raise FleetError(
         "the query returns a %s; a gate needs an instant vector or a scalar "
         "(wrap a range selector in a function such as rate() or max_over_time())" % result_type,

@@ -14,6 +14,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api imp
     PrometheusClient,
     Sample,
     parse_query_response,
+    parse_range_response,
 )
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -399,6 +400,39 @@ def test_range_vector_is_refused_as_a_query_error():
         parse_query_response(payload)
     assert caught.value.details["kind"] == "query"
     assert "instant vector" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("result_type", "result"),
+    [
+        ("vector", [["not", "a", "series"]]),
+        ("vector", [{"metric": {}}]),
+        ("vector", [{"metric": {}, "value": []}]),
+        ("vector", None),
+        ("scalar", None),
+        ("scalar", [1]),
+    ],
+)
+def test_a_reply_of_an_unexpected_shape_is_a_query_error_and_the_gate_holds(result_type, result):
+    payload = {"status": "success", "data": {"resultType": result_type, "result": result}}
+    with pytest.raises(FleetError) as caught:
+        parse_query_response(payload)
+    assert caught.value.details["kind"] == "query"
+    assert "unexpected shape" in caught.value.message
+
+    def query(_promql):
+        return parse_query_response(payload)
+
+    (parsed,) = g.validate_gates([gate()])
+    result = g.evaluate_gate(parsed, query, {"window": "5m"})
+    assert result["verdict"] == "hold" and result["error_kind"] == "query"
+
+
+def test_a_range_reply_of_an_unexpected_shape_is_a_query_error():
+    payload = {"status": "success", "data": {"resultType": "matrix", "result": [{"values": [1]}]}}
+    with pytest.raises(FleetError) as caught:
+        parse_range_response(payload)
+    assert caught.value.details["kind"] == "query"
 
 
 class FakeResponse(io.BytesIO):
