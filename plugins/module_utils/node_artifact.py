@@ -23,6 +23,7 @@ Standard library only: the nodes run this module from inside the archive.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import json
@@ -31,7 +32,10 @@ import shutil
 import sys
 import zipfile
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_atomic
+from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+    write_atomic,
+    write_text_atomic,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
@@ -143,7 +147,7 @@ def collection_version(collection_root):
 
 
 def archive_entries(source_dir, version_base):
-    """{name in the zip: bytes}, the manifest included, and the version it states."""
+    """({name in the zip: bytes}, the manifest included; the manifest as a dict)."""
     modules = node_modules(source_dir)
     entries = {"__main__.py": MAIN.encode()}
     parts = PACKAGE.split(".")
@@ -163,7 +167,7 @@ def archive_entries(source_dir, version_base):
         "interpreter": INTERPRETER,
     }
     entries[MANIFEST] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-    return entries, version
+    return entries, manifest
 
 
 def write_archive(entries, path):
@@ -190,32 +194,57 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
+def sources_key(source_dir, version_base):
+    """A digest of every module in source_dir and the collection's version: what the
+    archive is built from, read without parsing anything."""
+    digest = hashlib.sha256(version_base.encode() + b"\0")
+    for name in sorted(os.listdir(source_dir)):
+        if name.endswith(".py"):
+            with open(os.path.join(source_dir, name), "rb") as handle:
+                digest.update(name.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+    return digest.hexdigest()
+
+
 def build(collection_root, out_dir):
     """Build (or find, built before from the same sources) the artifact in out_dir.
 
-    Returns {"path", "name", "version", "sha256", "modules"}."""
+    Returns {"path", "name", "version", "sha256", "modules"}. The action calls it once for
+    every host: reading the imports of the modules is most of a build (about 0.1 s), so what
+    a build of the same sources gave is kept beside the archive (sources-KEY.json) and read
+    instead."""
     source_dir = os.path.join(collection_root, "plugins", "module_utils")
-    entries, version = archive_entries(source_dir, collection_version(collection_root))
+    version_base = collection_version(collection_root)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, artifact_name(version))
-    # The version names the content: one built before from the same sources is the same.
-    if not os.path.exists(path):
-        write_archive(entries, path)
-    return {
+    index = os.path.join(out_dir, "sources-%s.json" % sources_key(source_dir, version_base)[:32])
+    try:
+        with open(index, encoding="utf-8") as handle:
+            built = json.load(handle)
+        if sha256_of(built["path"]) == built["sha256"]:
+            return built
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not built from these sources yet, or changed since: built again
+    entries, manifest = archive_entries(source_dir, version_base)
+    path = os.path.join(out_dir, artifact_name(manifest["version"]))
+    write_archive(entries, path)
+    built = {
         "path": path,
         "name": os.path.basename(path),
-        "version": version,
+        "version": manifest["version"],
         "sha256": sha256_of(path),
-        "modules": json.loads(entries[MANIFEST])["modules"],
+        "modules": manifest["modules"],
     }
+    write_text_atomic(index, json.dumps(built, sort_keys=True))
+    return built
 
 
 # ------------------------------------------------------------------ on the node
 
 
+@functools.lru_cache(maxsize=None)
 def installed_manifest():
     """The manifest of the archive this module runs from, or None when it runs from a
-    checkout or an Ansible module's payload (no node artifact)."""
+    checkout or an Ansible module's payload (no node artifact). Read once: a process keeps
+    the archive it started with (see MAIN), and the exporters ask on every scrape."""
     loader = globals().get("__loader__")
     archive = getattr(loader, "archive", None)
     if not archive or not archive.endswith(NAME_SUFFIX):
@@ -298,19 +327,20 @@ def install_plan(dest_dir, commands_dir, commands, name, sha256, remove=()):
     the archive name the current link pointed to (None: none)}."""
     target = os.path.join(dest_dir, name)
     copy = not (os.path.isfile(target) and sha256_of(target) == sha256)
-    previous = _link_target(os.path.join(dest_dir, CURRENT_LINK))
-    link = previous != name
     current = os.path.join(dest_dir, CURRENT_LINK)
+    previous = _link_target(current)
+    link = previous != name
     relink = [c for c in commands if _link_target(os.path.join(commands_dir, c)) != current]
+    versions = installed_versions(dest_dir)
     # The version before this one stays: a process started from it (the fence watcher
     # before its restart) still reads it.
     keep = {name, previous if link else None}
     if not link:
         # Re-run: the previous version is the newest other one still there.
-        others = [n for n in installed_versions(dest_dir) if n != name]
+        others = [n for n in versions if n != name]
         others.sort(key=lambda n: os.stat(os.path.join(dest_dir, n)).st_mtime)
         keep.add(others[-1] if others else None)
-    stale = [n for n in installed_versions(dest_dir) if n not in keep]
+    stale = [n for n in versions if n not in keep]
     gone = [p for p in remove if os.path.lexists(p)]
     return {
         "copy": copy,

@@ -45,6 +45,20 @@ def test_the_same_sources_build_the_same_bytes(tmp_path):
     assert len(digest) == 12 and int(digest, 16) >= 0
 
 
+def test_a_second_build_of_the_same_sources_reads_the_first_and_mends_a_changed_archive(
+    tmp_path,
+):
+    first = built(tmp_path)
+    (index,) = (tmp_path / "build").glob("sources-*.json")
+    assert json.loads(index.read_text()) == first
+    assert built(tmp_path) == first
+    # An archive changed since is built again, not handed out.
+    with open(first["path"], "ab") as handle:
+        handle.write(b"junk")
+    again = built(tmp_path)
+    assert again == first and node_artifact.sha256_of(first["path"]) == first["sha256"]
+
+
 def test_a_change_in_a_module_is_another_version(tmp_path):
     assert built(tmp_path)["version"] != built(tmp_path, root=source_copy(tmp_path, "x"))["version"]
 
