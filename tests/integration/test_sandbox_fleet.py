@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from sandbox_inventory import named_fleet_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 SANDBOX = ROOT / "scripts" / "sandbox"
@@ -32,8 +33,9 @@ def root_and_podman():
         pytest.fail("podman is missing: install the Debian package podman (scripts/setup test)")
 
 
-def run(*argv, check=True):
+def run(*argv, check=True, **env_vars):
     env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "tests" / "sandbox" / "containers.conf"))
+    env.update(env_vars)
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=check)
 
 
@@ -41,13 +43,13 @@ def in_node(node, *argv):
     return run("podman", "exec", node, *argv, check=False).stdout.strip()
 
 
-def fleet_containers():
-    out = run("podman", "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout
+def fleet_containers(label=LABEL):
+    out = run("podman", "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}").stdout
     return sorted(out.split())
 
 
-def network_exists():
-    return run("podman", "network", "exists", NETWORK, check=False).returncode == 0
+def network_exists(network=NETWORK):
+    return run("podman", "network", "exists", network, check=False).returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +134,57 @@ def test_up_refuses_a_smaller_fleet_over_a_larger_one_and_changes_nothing(fleet)
     assert fleet_containers() == before
     for node in fleet:
         assert in_node(node, "systemctl", "is-system-running") in {"running", "degraded"}, node
+
+
+def test_a_named_fleet_needs_a_valid_name_and_its_own_subnet(fleet):
+    for env_vars, field in (
+        ({"ZEROLAYER_SANDBOX_FLEET": "Second!"}, "ZEROLAYER_SANDBOX_FLEET"),
+        ({"ZEROLAYER_SANDBOX_FLEET": "spare"}, "ZEROLAYER_SANDBOX_SUBNET_PREFIX"),
+        (
+            {"ZEROLAYER_SANDBOX_FLEET": "spare", "ZEROLAYER_SANDBOX_SUBNET_PREFIX": "10.89"},
+            "ZEROLAYER_SANDBOX_SUBNET_PREFIX",
+        ),
+    ):
+        refused = run(str(SANDBOX), "up", "1", check=False, **env_vars)
+        assert refused.returncode != 0 and field in refused.stderr, (env_vars, refused)
+    assert fleet_containers("zerolayer.sandbox=spare") == []
+    assert not network_exists("zerolayer-sandbox-spare")
+
+
+def test_a_named_fleet_runs_beside_the_first_and_goes_alone(fleet, tmp_path):
+    # Not "second": the playbook tests' second fleet may be up on another worker meanwhile.
+    spare = {"ZEROLAYER_SANDBOX_FLEET": "spare", "ZEROLAYER_SANDBOX_SUBNET_PREFIX": "10.89.215"}
+    try:
+        run(str(SANDBOX), "up", "1", **spare)
+        assert fleet_containers("zerolayer.sandbox=spare") == [
+            "zl-spare-monitor",
+            "zl-spare-node-01",
+        ]
+        assert network_exists("zerolayer-sandbox-spare")
+        assert fleet_containers() == sorted([MONITOR, *fleet]), "the first fleet is unchanged"
+        # Each inventory finds its own fleet, and Ansible reaches the spare one by SSH.
+        first = json.loads(run("ansible-inventory", "-i", "inventories/sandbox", "--list").stdout)
+        assert sorted(first["sandbox_nodes"]["hosts"]) == sorted([MONITOR, *fleet])
+        inventory = str(named_fleet_inventory("spare", tmp_path / "inventory"))
+        found = json.loads(run("ansible-inventory", "-i", inventory, "--list").stdout)
+        assert found["gpu_nodes"]["hosts"] == ["zl-spare-node-01"]
+        assert found["monitoring"]["hosts"] == ["zl-spare-monitor"]
+        node = found["_meta"]["hostvars"]["zl-spare-node-01"]
+        assert node["zerolayer_node_address"] == "10.89.215.11"
+        assert node["zerolayer_sandbox_fleet"] == "spare"
+        pinged = run(
+            "ansible", "-i", inventory, "sandbox_nodes", "-m", "ansible.builtin.ping", "-o",
+            check=False,
+        )  # fmt: skip
+        assert pinged.returncode == 0, pinged.stdout + pinged.stderr
+        # Its `down` removes it alone.
+        run(str(SANDBOX), "down", **spare)
+        assert fleet_containers("zerolayer.sandbox=spare") == []
+        assert not network_exists("zerolayer-sandbox-spare")
+        assert fleet_containers() == sorted([MONITOR, *fleet])
+        assert network_exists()
+    finally:
+        run(str(SANDBOX), "down", check=False, **spare)
 
 
 def test_down_removes_everything_and_is_idempotent(fleet):

@@ -1,5 +1,11 @@
-"""The sandbox fleet for the playbook tests: up once, shared by every test module here (they
-run on one worker, in file order), always torn down.
+"""The sandbox fleets for the playbook tests: each up once, shared by the test modules of its
+xdist group (they run on one worker, in file order), always torn down.
+
+Two fleets run side by side under xdist, so that the CI's critical path is not one worker
+waiting on every hold: modules marked `xdist_group("sandbox-fleet")` use the default fleet
+(inventories/sandbox), modules marked `xdist_group("sandbox-second-fleet")` a second one
+(`ZEROLAYER_SANDBOX_FLEET=second`, its own network, subnet, etcd PKI and a copy of the
+inventory that selects its label). Without xdist every module shares the default fleet.
 
 `scripts/sandbox up N` starts the nodes, `playbooks/site.yml` provisions them, and every
 test drives `ansible-playbook` against them from this checkout. The fixture's finalizer
@@ -22,12 +28,18 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_inventory import named_fleet_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 SANDBOX = REPO / "scripts" / "sandbox"
 LOAD_CLIENT = REPO / "files" / "load" / "zerolayer_load.py"
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
-NETWORK = "zerolayer-sandbox"
+# xdist group -> (fleet name, subnet prefix); the first is the one inventories/sandbox finds.
+DEFAULT_GROUP = "sandbox-fleet"
+FLEETS = {
+    DEFAULT_GROUP: ("fleet", None),
+    "sandbox-second-fleet": ("second", "10.89.214"),
+}
 NODE_COUNT = int(os.environ.get("ZEROLAYER_PLAYBOOK_NODES", "3"))
 INVENTORY = os.environ.get("ZEROLAYER_PLAYBOOK_INVENTORY", str(REPO / "inventories" / "sandbox"))
 SITE = os.environ.get("ZEROLAYER_PLAYBOOK_SITE", str(REPO / "playbooks" / "site.yml"))
@@ -100,12 +112,17 @@ def kill_tree(process):
 class Fleet:
     """The provisioned sandbox fleet and the commands the tests need on it."""
 
-    def __init__(self, env, workdir):
+    def __init__(self, env, workdir, name="fleet", inventory_path=INVENTORY):
         self.env = env
         self.workdir = workdir
+        self.name = name
+        self.inventory_path = str(inventory_path)
+        self.network = "zerolayer-sandbox" if name == "fleet" else "zerolayer-sandbox-%s" % name
+        # inventories/sandbox/group_vars/all.yml: each fleet has its own store PKI.
+        self.pki_dir = REPO / ".cache" / ("pki-%s" % name)
         inventory = json.loads(
             subprocess.run(
-                ["ansible-inventory", "-i", INVENTORY, "--list"],
+                ["ansible-inventory", "-i", self.inventory_path, "--list"],
                 env=env,
                 check=True,
                 capture_output=True,
@@ -136,7 +153,7 @@ class Fleet:
             self.env,
             "inspect",
             "--format",
-            '{{(index .NetworkSettings.Networks "%s").IPAddress}}' % NETWORK,
+            '{{(index .NetworkSettings.Networks "%s").IPAddress}}' % self.network,
             node,
         ).stdout.strip()
 
@@ -228,7 +245,7 @@ class Fleet:
         )
 
     def playbook(self, name, *extra, inventories=(), timeout=900, background=False):
-        argv = ["ansible-playbook", "-i", INVENTORY]
+        argv = ["ansible-playbook", "-i", self.inventory_path]
         for inventory in inventories:
             argv += ["-i", str(inventory)]
         argv += [str(REPO / "playbooks" / name), *extra]
@@ -373,19 +390,35 @@ class Load:
         return json.loads(self.summary.read_text())
 
 
-@pytest.fixture(scope="session")
-def fleet(ansible_env):
-    if shutil.which("podman") is None:
-        pytest.fail("podman is needed for the sandbox fleet")
-    workdir = Path(tempfile.mkdtemp(prefix="zl-playbooks-"))
-    try:
+class Fleets:
+    """The fleets this worker started, each brought up and provisioned on first use."""
+
+    def __init__(self, env):
+        self.env = env
+        self.started = {}
+        self.names = []
+        self.workdirs = []
+
+    def get(self, group):
+        name, subnet = FLEETS[group]
+        if name in self.started:
+            return self.started[name]
+        workdir = Path(tempfile.mkdtemp(prefix="zl-playbooks-%s-" % name))
+        self.workdirs.append(workdir)
+        env = dict(self.env)
+        inventory = INVENTORY
+        if name != "fleet":
+            env.update(ZEROLAYER_SANDBOX_FLEET=name, ZEROLAYER_SANDBOX_SUBNET_PREFIX=subnet)
+            inventory = named_fleet_inventory(name, workdir / "inventory", INVENTORY)
+        # Noted before it is up, so that the finalizer also removes a fleet half started.
+        if name not in self.names:
+            self.names.append(name)
         if not REUSE:
-            subprocess.run(
-                [str(SANDBOX), "up", str(NODE_COUNT)], env=ansible_env, check=True, timeout=900
-            )
+            subprocess.run([str(SANDBOX), "up", str(NODE_COUNT)], env=env, check=True, timeout=900)
+            started = time.monotonic()
             provisioned = subprocess.run(
-                ["ansible-playbook", "-i", INVENTORY, SITE],
-                env=ansible_env,
+                ["ansible-playbook", "-i", str(inventory), SITE],
+                env=env,
                 cwd=REPO,
                 capture_output=True,
                 text=True,
@@ -393,11 +426,39 @@ def fleet(ansible_env):
                 check=False,
             )
             assert provisioned.returncode == 0, provisioned.stdout[-4000:]
-        yield Fleet(ansible_env, workdir)
+            print("fleet %s provisioned in %.0f s" % (name, time.monotonic() - started))
+        self.started[name] = Fleet(env, workdir, name, inventory)
+        return self.started[name]
+
+    def down(self):
+        for name in self.names:
+            if not REUSE:
+                env = dict(self.env, ZEROLAYER_SANDBOX_FLEET=name)
+                subprocess.run([str(SANDBOX), "down"], env=env, check=False, timeout=300)
+        for workdir in self.workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fleets(ansible_env):
+    if shutil.which("podman") is None:
+        pytest.fail("podman is needed for the sandbox fleet")
+    started = Fleets(ansible_env)
+    try:
+        yield started
     finally:
-        if not REUSE:
-            subprocess.run([str(SANDBOX), "down"], env=ansible_env, check=False, timeout=300)
-        shutil.rmtree(workdir, ignore_errors=True)
+        started.down()
+
+
+@pytest.fixture(scope="module")
+def fleet(request, fleets):
+    """The fleet of this module's xdist group; the default one without xdist (one process
+    gains nothing from a second fleet) or when reusing a fleet someone started."""
+    marker = request.node.get_closest_marker("xdist_group")
+    group = marker.args[0] if marker else DEFAULT_GROUP
+    if REUSE or "PYTEST_XDIST_WORKER" not in os.environ:
+        group = DEFAULT_GROUP
+    return fleets.get(group)
 
 
 @pytest.fixture

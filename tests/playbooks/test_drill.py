@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
@@ -72,7 +72,7 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
                 "--playbook",
                 "playbooks/drill.yml",
                 "--inventory",
-                str(REPO / "inventories" / "sandbox"),
+                fleet.inventory_path,
                 "--ident",
                 "drill",
                 "--cmdline",

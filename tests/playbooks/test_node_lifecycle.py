@@ -18,7 +18,7 @@ import time
 import pytest
 from test_engine_upgrade_mps import doubles_on_every_node, mps_events, remove_mps
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
 
 FIRST = "550.127.05"
 NEXT = "550.144.03"

@@ -13,7 +13,6 @@ node's rollout store, TLS and per-identity users) and under load with no failed 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-INVENTORY = os.environ.get("ZEROLAYER_PLAYBOOK_INVENTORY", str(REPO / "inventories" / "sandbox"))
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
@@ -48,8 +46,8 @@ def store_config(fleet, tmp_path_factory):
     )
     result = subprocess.run(
         # Ad hoc, playbook_dir is the working directory: name the playbooks' PKI dir.
-        ["ansible", "localhost", "-i", INVENTORY, "-m", "ansible.builtin.debug",
-         "-e", "rollout_store_pki_dir=%s" % (REPO / ".cache" / "pki"),
+        ["ansible", "localhost", "-i", fleet.inventory_path, "-m", "ansible.builtin.debug",
+         "-e", "rollout_store_pki_dir=%s" % fleet.pki_dir,
          "-a", "msg=%s" % expression],
         env=env, cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
     )  # fmt: skip
@@ -225,7 +223,7 @@ def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest
         started = time.monotonic()
         proc = subprocess.run(
             [str(ZEROLAYER), "--store-config", str(store_config), "-o", "json", "rollout",
-             "abort", rollout_id, "-i", INVENTORY, "-i", str(gone)],
+             "abort", rollout_id, "-i", fleet.inventory_path, "-i", str(gone)],
             env=fleet.env, cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         elapsed = time.monotonic() - started

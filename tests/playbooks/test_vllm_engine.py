@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "tests" / "sandbox" / "vllm-cpu"
