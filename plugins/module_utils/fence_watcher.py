@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import subprocess
 import threading
@@ -35,12 +34,18 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_text_atomic
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence, read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import in_netns
+from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+    detached_without_maps,
+)
 
 DEFAULT_STATUS_FILE = "/run/zerolayer/fence-watcher.json"
 # The store's fence actions (rollout_store.FENCE_ACTIONS) and what each one does here.
-NODE_ACTIONS = {"fast": "fast", "abort": "fast", "deep": "deep"}
+# catch_up only records the epoch: the store was brought up to an epoch nodes had taken
+# by themselves (a rollback that could not reach it), which must not roll anything back.
+NODE_ACTIONS = {"fast": "fast", "abort": "fast", "deep": "deep", "catch_up": "catch_up"}
 # A watch that saw nothing for this long is re-opened after a read of the fence: that read
 # is also how the watcher notices a store that went away without closing the connection.
 IDLE_RECHECK_S = 10.0
@@ -98,15 +103,26 @@ def plan(fence, node_epoch, last_ack_epoch):
 
 
 def apply(layout, epoch, action, reason):
-    """Act on the node: the fence first, then the rollback. Returns what was done."""
+    """Act on the node: the fence first, then the rollback. Returns what was done.
+
+    catch_up records the epoch and changes nothing else. A fast rollback on a node whose
+    router a deep rollback detached records the epoch too: no connection goes direct there,
+    and a node that could not record a newer fence would admit a writer of an older one.
+    """
     from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
     from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
         deep_rollback,
     )
 
+    if action == "catch_up":
+        raise_fence(layout.fence_file, epoch, "catch up (fence watcher)")
+        return {"actions": ["fence epoch recorded"]}
     if action == "deep":
         result = deep_rollback(layout, epoch, reason)
         return {"actions": result["actions"]}
+    if detached_without_maps(layout):
+        raise_fence(layout.fence_file, epoch, "fast rollback (fence watcher, router detached)")
+        return {"actions": ["fence epoch recorded: the router is detached"]}
     routes.fence_routes(layout, epoch, "fast rollback (fence watcher)")
     failures = routes.roll_back_weights(layout)
     return {"actions": ["weight 0 on every route"], "failures": failures}
@@ -115,14 +131,13 @@ def apply(layout, epoch, action, reason):
 def read_back(layout):
     """What the node is now: its fence epoch, whether the router runs, each route's weight."""
     from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode, routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
     from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
         router_state,
     )
 
     state = router_state(layout)
     weights = {}
-    if os.path.isdir(layout.pin_dir) and not missing_pins(layout):
+    if maps_pinned(layout):
         weights = {route.name: route.weight_bp for route in routes.read_routes(layout)}
     return {
         "node_epoch": read_fence(layout.fence_file)["epoch"],
@@ -192,8 +207,10 @@ def config_routes(config):
     ]
 
 
-def confirmed(action, seen):
-    """Whether what the node reads back is the state the fence asks for."""
+def confirmed(action, seen, epoch=0):
+    """Whether what the node reads back is the state the fence of epoch asks for."""
+    if action == "catch_up":
+        return seen["node_epoch"] >= epoch
     if action == "deep":
         return (
             not seen["attached"]
@@ -210,7 +227,7 @@ def acknowledgement(node, epoch, action, step, seen, started):
         "epoch": epoch,
         "action": action,
         "applied": step == "apply",
-        "confirmed": confirmed(action, seen),
+        "confirmed": confirmed(action, seen, epoch),
         "read_back": seen,
         "by": "watcher",
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -278,14 +295,16 @@ class Watcher:
             seen.update(proxy_after_deep(self.routes, self.proxy_service, self.netns))
         ack = acknowledgement(self.node, epoch, action, step, seen, started)
         self.store.client.put(self.store.key("acks", self.node), ack)
-        # Always, so that the report never waits for a node: with no route in the node
-        # config there is nothing to count, and the report says so at once.
-        threading.Thread(
-            target=self.follow_direct_drain,
-            args=(epoch, action, started),
-            name="direct-drain",
-            daemon=True,
-        ).start()
+        # Always after a rollback, so that the report never waits for a node: with no route
+        # in the node config there is nothing to count, and the report says so at once. A
+        # catch-up moved no connection: nothing to follow.
+        if action != "catch_up":
+            threading.Thread(
+                target=self.follow_direct_drain,
+                args=(epoch, action, started),
+                name="direct-drain",
+                daemon=True,
+            ).start()
         self.status.update(
             node_epoch=seen["node_epoch"], last_ack_epoch=epoch, last_ack_at_unix=ack["at_unix"]
         )

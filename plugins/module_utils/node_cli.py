@@ -290,9 +290,26 @@ def cmd_set_weight(args, config):
 def cmd_rollback(args, config):
     """Weight 0 on every route; the read-back proves it (fast-rollback primitive)."""
     from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+        detached_without_maps,
+    )
 
     started = time.monotonic()
     layout = _layout(args, config)
+    if detached_without_maps(layout):
+        # A deep rollback detached the router: nothing goes direct; the newer fence is kept.
+        epoch_before, epoch_after = raise_fence(
+            layout.fence_file, args.epoch, "fast rollback (router detached)"
+        )
+        return {
+            "rolled_back": True,
+            "router": "detached",
+            "fence_epoch_before": epoch_before,
+            "fence_epoch": epoch_after,
+            "routes": [],
+            "elapsed_ms": round((time.monotonic() - started) * 1000.0, 3),
+        }, EXIT_OK
     # The fence first: from here on no writer with an older epoch can raise a weight.
     epoch_before, epoch_after = routes.fence_routes(layout, args.epoch, "fast rollback")
     before = {route.name: route for route in routes.read_routes(layout)}

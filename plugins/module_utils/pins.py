@@ -184,6 +184,11 @@ def missing_pins(layout, include_program=False):
     return missing
 
 
+def maps_pinned(layout):
+    """Whether the router's maps are pinned (a deep rollback removes them)."""
+    return os.path.isdir(layout.pin_dir) and not missing_pins(layout)
+
+
 def has_map(layout, name):
     """Whether name is pinned (a map a newer layout added is absent from older pins)."""
     return os.path.exists(layout.map(name))

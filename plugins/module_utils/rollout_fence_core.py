@@ -16,9 +16,13 @@ import getpass
 import socket
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    MODULE_FAILURES,
+    FleetError,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
-    StoreUnavailable,
+    FENCE_ACTIONS,
+    store_failure,
     store_from_params,
     store_options,
 )
@@ -29,7 +33,7 @@ ARGUMENT_SPEC = dict(
     nodes=dict(type="list", elements="str", default=[]),
     wait_s=dict(type="float", default=2.0),
     quiet_s=dict(type="float"),
-    rollback_mode=dict(type="str", choices=["fast", "deep", "abort"], default="fast"),
+    rollback_mode=dict(type="str", choices=list(FENCE_ACTIONS), default="fast"),
     reason=dict(type="str", default="requested"),
     actor=dict(type="str"),
     at_least=dict(type="int", default=0),
@@ -44,14 +48,20 @@ DIRECT_POLL_S = 0.1
 def fence_call(params, check_mode=False, diff=False):
     """The result of one call with validated params; FleetError when it fails.
 
-    A store that cannot be reached fails read (a canary must not start or advance then);
-    raise reports it (store_updated false) unless require_store is set, so that a rollback
-    goes on and fences the nodes itself.
+    A store that fails read, of any kind, fails the call (a canary must not start or
+    advance then). raise reports every store failure (store_updated false, store_error and
+    its kind) unless require_store is set: a rollback goes on and fences the nodes itself,
+    whatever the store answered; so does the count of acknowledgements after the raise.
     """
     if params["quiet_s"] is not None and params["quiet_s"] <= 0:
         raise FleetError(
             "quiet_s must be above 0 seconds (or left out); got %r" % params["quiet_s"],
             {"field": "quiet_s"},
+        )
+    if params["at_least"] < 0:
+        raise FleetError(
+            "at_least must be a whole number >= 0; got %r" % params["at_least"],
+            {"field": "at_least", "value": params["at_least"]},
         )
     if params["action"] == "wait_acks":
         return wait_acks(params)
@@ -69,18 +79,13 @@ def fence_call(params, check_mode=False, diff=False):
             after = store.raise_fence(
                 params["rollback_mode"], params["reason"], actor, params["at_least"]
             )
-    except StoreUnavailable as exc:
+    except MODULE_FAILURES as exc:
         if params["action"] == "read" or params["require_store"]:
             raise
-        return {
-            "changed": False,
-            "fence": None,
-            "store_updated": False,
-            "store_error": exc.message,
-        }
+        return dict(store_failure(exc), changed=False, fence=None, store_updated=False)
     result = {"changed": True, "fence": after, "store_updated": not check_mode}
     if params["nodes"] and params["wait_s"] > 0 and not check_mode:
-        result.update(count_acks(store, params, after["epoch"]))
+        result.update(count_acks_or_none(store, params, after["epoch"]))
     if diff:
         result["diff"] = {"before": before, "after": after}
     return result
@@ -98,32 +103,50 @@ def _require_epoch_and_wait(params):
 def wait_direct(params, clock=time.monotonic, sleep=time.sleep):
     """The nodes' direct-drain reports of epoch, as they arrive, for at most wait_s: each
     watcher writes one once its node's direct connections are gone or its own wait is over.
-    A store that stops answering ends the wait with what was read; never fails on it."""
+    A store that fails, of any kind, ends the wait with what was read; never fails on it."""
     _require_epoch_and_wait(params)
-    store = store_from_params(params)
     wanted = set(params["nodes"])
     deadline = clock() + params["wait_s"]
-    found, store_error = {}, None
-    while True:
-        try:
+    found, failure = {}, {}
+    try:
+        store = store_from_params(params)
+        while True:
             found = store.direct_drains(params["epoch"], wanted)
-        except StoreUnavailable as exc:
-            store_error = exc.message
-            break
-        if len(found) == len(wanted) or clock() >= deadline:
-            break
-        sleep(DIRECT_POLL_S)
-    result = {"changed": False, "direct": found, "unreported": sorted(wanted - set(found))}
-    if store_error is not None:
-        result["store_error"] = store_error
-    return result
+            if len(found) == len(wanted) or clock() >= deadline:
+                break
+            sleep(DIRECT_POLL_S)
+    except MODULE_FAILURES as exc:
+        failure = store_failure(exc)
+    return dict(failure, changed=False, direct=found, unreported=sorted(wanted - set(found)))
 
 
 def wait_acks(params):
     """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
     _require_epoch_and_wait(params)
-    counted = count_acks(store_from_params(params), params, params["epoch"])
-    return dict(counted, changed=False)
+    try:
+        store = store_from_params(params)
+    except MODULE_FAILURES as exc:
+        return dict(_none_counted(params, exc), changed=False)
+    return dict(count_acks_or_none(store, params, params["epoch"]), changed=False)
+
+
+def count_acks_or_none(store, params, epoch):
+    """count_acks, or, when the store fails it in any way, no node counted (each gets the
+    push) and the failure said."""
+    try:
+        return count_acks(store, params, epoch)
+    except MODULE_FAILURES as exc:
+        return _none_counted(params, exc)
+
+
+def _none_counted(params, exc):
+    return dict(
+        store_failure(exc),
+        acked={},
+        lagging=list(params["nodes"]),
+        waited_s=0.0,
+        ended_at_unix=time.time(),
+    )
 
 
 def count_acks(store, params, epoch):

@@ -27,7 +27,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
 )
 
 DEFAULT_PREFIX = "/zerolayer/"
-FENCE_ACTIONS = ("fast", "deep", "abort")
+FENCE_ACTIONS = ("fast", "deep", "abort", "catch_up")
 CAS_ATTEMPTS = 8
 SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.:,!&*\[\]-]{1,200}$")
 
@@ -81,6 +81,24 @@ def store_from_params(params):
         password=password,
     )
     return RolloutStore(client, params.get("prefix") or DEFAULT_PREFIX)
+
+
+def store_failure(exc):
+    """What a rollback reports of a store that failed it: the message and its kind.
+
+    unavailable: no endpoint answered in time; refused: the store answered with an error
+    (no leader, NOSPACE, authentication failed, permission denied) or the fence kept
+    changing under the compare-and-swap; unusable: the settings cannot make a client (an
+    unreadable password file, TLS files that do not load, endpoints that are not URLs) or
+    the store holds what this code cannot read.
+    """
+    if isinstance(exc, StoreUnavailable):
+        return {"store_error": exc.message, "store_error_kind": "unavailable"}
+    if not isinstance(exc, FleetError):
+        return {"store_error": "%s: %s" % (type(exc).__name__, exc), "store_error_kind": "unusable"}
+    answered = "status" in exc.details or "store_error" in exc.details
+    kind = "refused" if answered or exc.details.get("field") == "fence" else "unusable"
+    return {"store_error": exc.message, "store_error_kind": kind}
 
 
 def validate_scope(scope, field="scope"):
@@ -441,4 +459,10 @@ class RolloutStore:
         self.client.revoke_lease(int(lease))
 
 
-__all__ = ["OwnerConflict", "RolloutStore", "StoreUnavailable", "store_from_params"]
+__all__ = [
+    "OwnerConflict",
+    "RolloutStore",
+    "StoreUnavailable",
+    "store_failure",
+    "store_from_params",
+]

@@ -54,6 +54,16 @@ def is_detached(fence_file):
     return read_mode(fence_file)["mode"] == DETACHED
 
 
+def detached_without_maps(layout):
+    """Whether a deep rollback detached this node's router and its maps are gone: then
+    nothing goes direct, and a later rollback has only the node's fence to raise. Maps
+    missing for any other reason (a wrong pin_dir, a router never attached) are not this:
+    a rollback must fail there rather than report a node it did not reach."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned
+
+    return is_detached(layout.fence_file) and not maps_pinned(layout)
+
+
 def detached_record(fence_file, reason=None, seeds=None):
     """For fence.raise_fence(record=...): the keys that keep the router detached.
 

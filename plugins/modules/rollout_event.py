@@ -76,9 +76,10 @@ options:
     elements: dict
   best_effort:
     description:
-      - For V(emit), a rollout store that cannot be reached is a warning and RV(stored=false), not
-        a failure. For reports after an act that must not fail on its own record (a rollback run
-        while the store is down).
+      - For V(emit), a rollout store that fails in any way (not reached, an error answered, settings
+        that cannot make a client) is a warning and RV(stored=false), not a failure. For reports
+        after an act that must not fail on its own record (a rollback run while the store is
+        down).
     type: bool
     default: false
 extends_documentation_fragment:
@@ -163,18 +164,18 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     format_timestamp,
     utc_now,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    store_failure,
     store_from_params,
     store_options,
 )
 
 
-def emit(store, params, check_mode):
+def emit(params, check_mode):
     if params["rollout_id"] is not None:
         rollout.validate_rollout_id(params["rollout_id"])
     entry = rollout_events.event(
@@ -189,14 +190,19 @@ def emit(store, params, check_mode):
         reason=params["reason"],
         **params["detail"],
     )
+    rollout_events.validate_event_type(entry["type"])
     if check_mode:
         return {"changed": True, "event": entry, "stored": False}
+    # Best effort: any failure of the store, reached or not (no leader, NOSPACE, a refused
+    # login, an unreadable password file), is a warning after the act it records.
     try:
+        store = store_from_params(params)
         rollout_events.emit(store, entry)
-    except StoreUnavailable as exc:
+    except MODULE_FAILURES as exc:
         if not params["best_effort"]:
             raise
-        return {"changed": False, "event": entry, "stored": False, "_warning": exc.message}
+        warning = store_failure(exc)["store_error"]
+        return {"changed": False, "event": entry, "stored": False, "_warning": warning}
     sent = notify.hand_off(store)
     return {"changed": True, "event": entry, "stored": True, "notifications": sent}
 
@@ -236,16 +242,17 @@ def main():
     )
     params = module.params
     try:
-        store = store_from_params(params)
         if params["action"] == "list":
             result = {
                 "changed": False,
-                "events": rollout_events.list_events(store, params["rollout_id"]),
+                "events": rollout_events.list_events(
+                    store_from_params(params), params["rollout_id"]
+                ),
             }
         elif params["action"] == "configure":
-            result = configure(store, params, module.check_mode)
+            result = configure(store_from_params(params), params, module.check_mode)
         else:
-            result = emit(store, params, module.check_mode)
+            result = emit(params, module.check_mode)
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
     warning = result.pop("_warning", None)

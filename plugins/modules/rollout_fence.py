@@ -21,9 +21,13 @@ description:
     write once their direct-path connections (pooled keep-alive clients the router handed to an
     engine) are gone after the rollback of O(epoch), or their own wait is over. Each says how
     long that took, or how many are left on which route.
-  - A store that cannot be reached fails V(read) (a canary must not start or advance then). With
-    V(raise) it does not fail unless O(require_store) is set; it returns RV(store_updated=false)
-    so that the rollback goes on and fences the nodes itself, one above each node's own epoch.
+  - A store that fails in any way (not reached, an error answered such as no leader, NOSPACE or
+    a refused login, settings that cannot make a client) fails V(read): a canary must not start
+    or advance then. With V(raise) it does not fail unless O(require_store) is set; it returns
+    RV(store_updated=false), RV(store_error) and RV(store_error_kind), so that the rollback goes
+    on and fences the nodes itself, one above each node's own epoch. A store that fails the count
+    after the raise, V(wait_acks) or V(wait_direct) does not fail them either: no node is counted
+    (each gets the push) and RV(store_error) says why.
   - On the controller (a task delegated to localhost, or any task with a local connection and no
     become) the call runs in the controller's own process, with the same arguments and results,
     so no module process has to start before the fence is raised. Delegated to another host, the
@@ -65,10 +69,15 @@ options:
     type: float
   rollback_mode:
     description:
-      - What raised the fence, recorded with it; V(abort) is a canary abort.
+      - What raised the fence, recorded with it, and what each node's fence watcher does with
+        it; V(abort) is a canary abort (the watcher rolls back as for V(fast)).
+      - V(catch_up) brings the store up to an epoch nodes took by themselves (a rollback that
+        could not reach the store): each watcher records the epoch and acknowledges it, and
+        changes no weight. A watcher of a release before this one refuses it and changes
+        nothing.
       - With V(wait_acks) and V(deep), only the acknowledgements of a deep rollback count.
     type: str
-    choices: [fast, deep, abort]
+    choices: [fast, deep, abort, catch_up]
     default: fast
   reason:
     description: Why, recorded with the fence and shown to whoever the fence stops.
@@ -162,9 +171,18 @@ unreported:
   type: list
   elements: str
 store_error:
-  description: Why the store could not be reached, when it could not.
-  returned: when the store could not be reached
+  description: Why the store did not take the raise or the count, when it did not.
+  returned: when the store failed a V(raise), V(wait_acks) or V(wait_direct)
   type: str
+store_error_kind:
+  description: >-
+    V(unavailable): no endpoint answered in time; V(refused): the store answered with an error
+    or the fence kept changing under the compare-and-swap; V(unusable): the settings cannot make
+    a client (an unreadable password file, TLS files that do not load) or the store holds what
+    cannot be read.
+  returned: with RV(store_error)
+  type: str
+  sample: refused
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -222,6 +222,49 @@ def test_a_deep_rollback_with_the_proxy_down_is_acknowledged_unconfirmed(
     assert ack["read_back"]["paths"]["chat"].startswith("no answer: "), ack
 
 
+def test_a_catch_up_records_the_epoch_and_changes_no_weight(watcher, store, routed, netns):
+    watcher.start()
+    stop_clients = netns.background_clients()
+    time.sleep(0.3)
+    before = read_routes(routed)  # weights and generations: the counters move with traffic
+    # The store brought up to an epoch the nodes took by themselves (canary_store.yml).
+    caught_up = store.raise_fence("catch_up", "nodes fenced while the store was down", "test")
+    ack = acknowledged(store, caught_up["epoch"])
+    report = stop_clients()
+    assert ack["applied"] and ack["confirmed"] and ack["action"] == "catch_up", ack
+    assert weights(routed) == {"chat": 10000} and read_routes(routed) == before
+    assert read_fence(routed.fence_file)["epoch"] == caught_up["epoch"]
+    assert report["errors"] == 0 and report["served"].get("engine", 0) > 0, report
+    # No direct connection moved: the engines' drain marker names no epoch of it.
+    if os.path.exists(routed.direct_drain_file):
+        with open(routed.direct_drain_file) as handle:
+            marker = json.load(handle)
+        assert (marker.get("all") or {}).get("epoch") != caught_up["epoch"], marker
+    # A writer of the new epoch is admitted; one of the older epoch may no longer raise.
+    set_route(routed, "chat", weight=50, epoch=caught_up["epoch"])
+    with pytest.raises(Exception, match="older than this node's fence epoch"):
+        set_route(routed, "chat", weight=80, epoch=caught_up["epoch"] - 1)
+    assert weights(routed) == {"chat": 5000}
+
+
+def test_a_detached_node_records_every_newer_fence_and_acknowledges_it(
+    watcher, store, routed, netns
+):
+    watcher.start()
+    deep = store.raise_fence("deep", "kernel trouble", "test")
+    assert acknowledged(store, deep["epoch"])["confirmed"]
+    assert not router_lifecycle.router_state(routed)["attached"]
+    for action in ("fast", "abort", "catch_up"):
+        raised = store.raise_fence(action, "after the deep rollback", "test")
+        ack = acknowledged(store, raised["epoch"])
+        assert ack["applied"] and ack["confirmed"], (action, ack)
+        assert read_fence(routed.fence_file)["epoch"] == raised["epoch"], action
+    # Still detached, on the proxy, and kept so (the fence file says detached).
+    assert not router_lifecycle.router_state(routed)["attached"]
+    assert router_mode.is_detached(routed.fence_file)
+    assert netns.clients(count=20)["served"] == {"proxy": 20}
+
+
 def test_a_stopped_watcher_catches_up_when_it_starts(watcher, store, routed):
     raised = store.raise_fence("abort", "operator abort", "test")
     time.sleep(0.5)

@@ -438,6 +438,18 @@ def test_rollback_without_an_epoch_goes_one_above_the_nodes_own(attached):
     assert status == node_cli.EXIT_REJECTED and error["node_epoch"] == 8
 
 
+def test_rollback_on_a_detached_node_records_the_newer_fence(attached, netns):
+    ok(attached, "set-weight", "--route", "chat", "--weight", "50", "--epoch", "3")
+    ok(attached, "detach")  # the deep rollback: the router and its maps are gone
+    detached_at = ok(attached, "show")["fence"]["epoch"]
+    rolled = ok(attached, "rollback", "--epoch", "6")
+    assert rolled["rolled_back"] is True and rolled["router"] == "detached", rolled
+    assert (rolled["fence_epoch_before"], rolled["fence_epoch"]) == (detached_at, 6), rolled
+    assert ok(attached, "rollback")["fence_epoch"] == 7, "one above its own without an epoch"
+    assert ok(attached, "show")["fence"]["epoch"] == 7
+    assert netns.clients(count=20)["served"] == {"proxy": 20}
+
+
 def test_register_with_an_older_epoch_is_refused(attached, engine):
     from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
         unregister_engine_socket,

@@ -183,6 +183,49 @@ def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
     no_failed_request(client)
 
 
+def test_a_rollback_with_its_store_login_refused_still_rolls_every_node_back(
+    fleet, records, baseline, tmp_path
+):
+    # The store answers, with an error: every store failure is "store not updated", and the
+    # nodes get the push, one above their own epoch.
+    fleet.set_weight(100)
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    wrong.chmod(0o600)
+    rolled = fleet.playbook(
+        "rollback.yml", "-e", "canary_record_dir=%s" % records,
+        "-e", "rollout_store_password_file=%s" % wrong,
+    )  # fmt: skip
+    assert rolled.returncode == 0, rolled.stdout[-4000:]
+    assert set(direct_weights(fleet).values()) == {0}
+    (report_path,) = records.glob("rollback-fast-*.json")
+    report = json.loads(report_path.read_text())
+    assert report["store_updated"] is False, report
+    assert report["store_error_kind"] == "refused", report
+    assert "authentication failed" in report["store_error"], report
+    assert report["nodes_confirmed"] == len(fleet.nodes), report
+
+
+def test_catching_the_store_up_to_a_node_that_fenced_itself_rolls_nothing_back(
+    fleet, records, baseline
+):
+    # One node rolled back by hand is ahead of the store; a canary's start (even a pause)
+    # brings the store up to it, and the other nodes' watchers only record the epoch.
+    fleet.set_weight(100)
+    first, others = fleet.nodes[0], fleet.nodes[1:]
+    fleet.exec(first, "/usr/local/sbin/zerolayer-routectl", "rollback")
+    ahead = fleet.fence_epoch(first)
+    paused = fleet.canary(unique("catch-up"), records, "-e", "canary_action=pause")
+    assert "Bring the store's fence up to what the nodes have seen" in paused.stdout
+    deadline = time.monotonic() + 30
+    while min(fleet.fence_epoch(node) for node in others) < ahead:
+        assert time.monotonic() < deadline, "the watchers did not record epoch %d" % ahead
+        time.sleep(0.5)
+    weights = direct_weights(fleet)
+    assert weights[first] == 0, weights
+    assert all(weights[node] == 10000 for node in others), weights
+
+
 def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     fleet, records, baseline, store_config, load
 ):

@@ -25,35 +25,47 @@ def free_port():
 
 class EtcdMember:
     """One etcd process on fixed free ports and a data dir; stop() and start() again keep both
-    (a store restart, as a node's watcher sees it)."""
+    (a store restart, as a node's watcher sees it). extra_args are etcd flags of the test's
+    (a small quota, a token TTL); cluster members are made by etcd_cluster()."""
 
-    def __init__(self):
+    def __init__(self, name="zlt", extra_args=()):
         if ETCD is None:
             pytest.fail("etcd is not installed; run scripts/setup (bindep: etcd-server)")
+        self.name = name
+        self.extra_args = list(extra_args)
         self.data = tempfile.mkdtemp(prefix="zlt-etcd-")
         self.client_port, self.peer_port = free_port(), free_port()
         self.url = "http://127.0.0.1:%d" % self.client_port
+        self.peer_url = "http://127.0.0.1:%d" % self.peer_port
+        self.initial_cluster = "%s=%s" % (name, self.peer_url)
         self.proc = None
         self.log = None
 
     def start(self):
-        peer = "http://127.0.0.1:%d" % self.peer_port
+        self.launch()
+        self.wait_healthy()
+
+    def launch(self):
+        """Start the process without waiting: a cluster's members are healthy only together."""
         self.log = open(os.path.join(self.data, "etcd.log"), "a")
         self.proc = subprocess.Popen(
             [
                 ETCD,
-                "--name", "zlt",
+                "--name", self.name,
                 "--data-dir", os.path.join(self.data, "member"),
                 "--listen-client-urls", self.url,
                 "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", "zlt=" + peer,
+                "--listen-peer-urls", self.peer_url,
+                "--initial-advertise-peer-urls", self.peer_url,
+                "--initial-cluster", self.initial_cluster,
+                *self.extra_args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+
+    def wait_healthy(self):
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -85,11 +97,28 @@ class EtcdMember:
 
 
 @contextlib.contextmanager
-def running_etcd():
+def running_etcd(extra_args=()):
     """Start etcd, yield the member (its client URL: .url), end it and remove its data."""
-    member = EtcdMember()
+    member = EtcdMember(extra_args=extra_args)
     try:
         member.start()
         yield member
     finally:
         member.remove()
+
+
+@contextlib.contextmanager
+def etcd_cluster(size):
+    """Start a cluster of `size` members on loopback, yield them, end and remove them all."""
+    members = [EtcdMember(name="zlt%d" % index) for index in range(size)]
+    initial_cluster = ",".join("%s=%s" % (m.name, m.peer_url) for m in members)
+    try:
+        for member in members:
+            member.initial_cluster = initial_cluster
+            member.launch()
+        for member in members:
+            member.wait_healthy()
+        yield members
+    finally:
+        for member in members:
+            member.remove()

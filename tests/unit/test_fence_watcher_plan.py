@@ -33,6 +33,9 @@ DETACHED = {"attached": False, "mode": "detached"}
         ({"epoch": 3, "action": "deep"}, 3, 3, ("none", 3, "deep")),
         # A new rollout after the rollback raised weights at epoch 3: never zeroed again.
         ({"epoch": 3, "action": "fast", "reason": "p99"}, 3, 3, ("none", 3, "fast")),
+        # The store caught up with nodes that fenced themselves: record it, or only ack it.
+        ({"epoch": 6, "action": "catch_up"}, 5, 5, ("apply", 6, "catch_up")),
+        ({"epoch": 6, "action": "catch_up"}, 6, 5, ("ack", 6, "catch_up")),
     ],
 )
 def test_plan(fence, node_epoch, last_ack, expected):
@@ -69,6 +72,10 @@ def test_an_epoch_below_an_acknowledged_one_is_refused():
         ("fast", {"weights_bp": {"chat": 0, "batch": 0}}, True),
         ("fast", {"weights_bp": {"chat": 0, "batch": 100}}, False),
         ("fast", {"weights_bp": {}}, True),
+        # A catch-up asks only that the node hold the epoch; its weights are its own.
+        ("catch_up", {"node_epoch": 6, "weights_bp": {"chat": 500}}, True),
+        ("catch_up", {"node_epoch": 7, "weights_bp": {}}, True),
+        ("catch_up", {"node_epoch": 5, "weights_bp": {"chat": 0}}, False),
         ("deep", {"attached": False, "mode": "detached"}, True),
         ("deep", {"attached": True, "mode": "detached"}, False),
         ("deep", {"attached": False, "mode": "active"}, False),
@@ -84,7 +91,7 @@ def test_an_epoch_below_an_acknowledged_one_is_refused():
     ],
 )
 def test_confirmed(action, seen, expected):
-    assert confirmed(action, seen) is expected
+    assert confirmed(action, seen, 6) is expected
 
 
 @pytest.mark.parametrize(
