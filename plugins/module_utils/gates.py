@@ -578,10 +578,12 @@ def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=N
     interval = seconds_between(since, now) if since is not None else 0.0
     history["evaluations"] += 1
     history["last_evaluated_at"] = format_timestamp(now)
-    # Time nobody watched is no hold: a runner that was dead, or a stretch longer than two
-    # gate intervals without an evaluation, moves the hold's end by that much.
+    # Time nobody watched is no hold: a runner that was dead, or a controller that slept,
+    # moves the hold's end by the part of the gap beyond two gate intervals. Only that part:
+    # a loaded controller whose every evaluation takes a little over two intervals must still
+    # see its hold end, not moved by each whole gap.
     if watch_interval_s and interval > 2 * watch_interval_s:
-        history["unwatched_s"] = history.get("unwatched_s", 0.0) + interval
+        history["unwatched_s"] = history.get("unwatched_s", 0.0) + interval - 2 * watch_interval_s
     if verdict == "fail":
         history["consecutive_failures"] += 1
         history["failures"] += 1

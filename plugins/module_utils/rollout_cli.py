@@ -12,8 +12,11 @@
   zerolayer rollout events ID
   zerolayer notifications show | set FILE | test
 
-The store is named by --store-config (a JSON file: endpoints, ca_file, cert_file, key_file,
-prefix), by $ZEROLAYER_STORE_CONFIG, or by --endpoints and the TLS options.
+  zerolayer config
+  zerolayer --version
+
+The store is found as store_settings.py says (--store-config, $ZEROLAYER_STORE_CONFIG, the
+per-user file the store's play writes, the inventory); options go anywhere on the line.
 
 Exit status: 0 done; 2 bad input (unknown rollout or wave, a bad option: the message names
 it and lists the known ones); 3 the store cannot be reached; 4 refused by the rollout's
@@ -34,11 +37,13 @@ import sys
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    node_artifact,
     notify,
     rollout_events,
     rollout_ops,
     rollout_timeline,
     stage_table,
+    store_settings,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
@@ -53,7 +58,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store impo
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
 OUTCOME_EXIT = {"bad_input": EXIT_BAD_INPUT, "refused": EXIT_REFUSED}
-CONFIG_ENV = "ZEROLAYER_STORE_CONFIG"
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
@@ -66,94 +70,165 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+# Options every command takes, before or after the verb (`zerolayer rollout status ID -o
+# json` as well as `zerolayer -o json rollout status ID`). Declared on every parser with no
+# default, so that a parser that did not see an option never overwrites one another parser
+# saw; GLOBAL_DEFAULTS fills in what nobody gave.
+GLOBAL_DEFAULTS = {
+    "store_config": None,
+    "inventory": [],
+    "endpoints": [],
+    "ca_file": None,
+    "cert_file": None,
+    "key_file": None,
+    "user": None,
+    "password_file": None,
+    "prefix": None,
+    "output": "table",
+}
+EXAMPLES = """examples:
+  zerolayer rollout status                  the fence, owners, rollouts in progress, nodes
+  zerolayer rollout status chat-v2 -o json  one rollout, as JSON
+  zerolayer rollout pause chat-v2 --reason "p99 up on eu"
+  zerolayer rollout abort chat-v2 -i inventories/prod   raise the fence, push weight 0
+  zerolayer config                          which store, found where (no secrets shown)
+
+The store is found through --store-config FILE, $ZEROLAYER_STORE_CONFIG, the per-user
+file the store's play writes (~/.config/zerolayer/store.json), then -i INVENTORY or
+ansible.cfg's inventory; --endpoints and the TLS options replace what was found.
+Exit status: 0 done, 2 bad input, 3 store unreachable, 4 refused, 5 push failed, 1 other."""
+
+
+def _global_options():
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("rollout store and output (anywhere on the line)")
+    suppress = argparse.SUPPRESS
+    group.add_argument(
+        "--store-config",
+        metavar="FILE",
+        default=suppress,
+        help="JSON settings: endpoints, ca_file, cert_file, key_file, user, password_file, prefix",
+    )
+    group.add_argument(
+        "-i",
+        "--inventory",
+        action="append",
+        metavar="INVENTORY",
+        default=suppress,
+        help="find the store in this inventory (repeatable); "
+        "abort also pushes weight 0 to its nodes",
+    )
+    group.add_argument("--endpoints", action="append", metavar="URL", default=suppress)
+    group.add_argument("--ca-file", default=suppress)
+    group.add_argument("--cert-file", default=suppress)
+    group.add_argument("--key-file", default=suppress)
+    group.add_argument("--user", default=suppress)
+    group.add_argument("--password-file", default=suppress)
+    group.add_argument("--prefix", default=suppress)
+    group.add_argument("-o", "--output", choices=["table", "json"], default=suppress)
+    return common
+
+
 def build_parser():
-    parser = _Parser(prog="zerolayer", description="Operate rollouts through the rollout store.")
-    parser.add_argument("--store-config", default=os.environ.get(CONFIG_ENV))
-    parser.add_argument("--endpoints", action="append", default=[])
-    parser.add_argument("--ca-file")
-    parser.add_argument("--cert-file")
-    parser.add_argument("--key-file")
-    parser.add_argument("--user")
-    parser.add_argument("--password-file")
-    parser.add_argument("--prefix", default=None)
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    top = parser.add_subparsers(dest="noun", metavar="rollout", parser_class=_Parser)
+    common = _global_options()
+    parser = _Parser(
+        prog="zerolayer",
+        description="Operate rollouts through the rollout store.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version="zerolayer %s" % _version())
+    top = parser.add_subparsers(dest="noun", metavar="{rollout,notifications,config}",
+                                parser_class=_Parser)  # fmt: skip
     top.required = True
+
+    def command(subparsers, name, **kwargs):
+        return subparsers.add_parser(name, parents=[common], **kwargs)
+
     noun = top.add_parser("rollout", help="status, pause, resume, promote, abort, history, report")
     verbs = noun.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
     verbs.required = True
 
-    status = verbs.add_parser("status", help="fence, owners, each wave and node")
+    status = command(verbs, "status", help="fence, owners, each wave and node")
     status.add_argument("rollout_id", nargs="?")
     status.add_argument("-w", "--watch", action="store_true", help="redraw until interrupted")
     status.add_argument("--interval", type=float, default=2.0)
     status.add_argument("--count", type=int, default=0, help="with -w: stop after N draws")
     for name in ("pause", "resume", "promote"):
-        verb = verbs.add_parser(name)
+        verb = command(verbs, name)
         verb.add_argument("rollout_id")
         verb.add_argument("--wave")
         verb.add_argument("--reason", default="by request (zerolayer rollout %s)" % name)
         if name == "promote":
             verb.add_argument("--full", action="store_true", help="every wave to 100 %% now")
-    abort = verbs.add_parser("abort", help="raise the fence, mark aborted, push weight 0")
+    abort = command(verbs, "abort", help="raise the fence, mark aborted, push weight 0 (-i)")
     abort.add_argument("rollout_id")
     abort.add_argument("--reason", default="by request (zerolayer rollout abort)")
-    abort.add_argument(
-        "-i",
-        "--inventory",
-        action="append",
-        default=[],
-        help="push weight 0 to the nodes with rollback.yml (recommended); repeatable",
-    )
-    history = verbs.add_parser("history", help="who did what, when, why")
+    history = command(verbs, "history", help="who did what, when, why")
     history.add_argument("rollout_id")
-    report = verbs.add_parser(
-        "report", help="per wave and stage: weight, split, verdicts, time; --png: the timeline"
+    report = command(
+        verbs, "report", help="per wave and stage: weight, split, verdicts, time; --png: timeline"
     )
     report.add_argument("rollout_id")
     report.add_argument("--png", metavar="FILE", help="also draw the rollout's timeline to FILE")
-    # The same as -o json; SUPPRESS keeps a -o given before the noun when --json is absent.
+    # The same as -o json; SUPPRESS keeps a -o given elsewhere when --json is absent.
     report.add_argument(
         "--json", dest="output", action="store_const", const="json", default=argparse.SUPPRESS
     )
-    events = verbs.add_parser("events", help="the rollout's events, with the fleet's rollbacks")
+    events = command(verbs, "events", help="the rollout's events, with the fleet's rollbacks")
     events.add_argument("rollout_id")
 
     sinks = top.add_parser("notifications", help="where rollout events are sent")
     sink_verbs = sinks.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
     sink_verbs.required = True
-    sink_verbs.add_parser("show", help="the sinks kept in the store (urls and headers hidden)")
-    set_sinks = sink_verbs.add_parser(
-        "set", help="replace the sinks with a JSON or YAML file's list"
-    )
+    command(sink_verbs, "show", help="the sinks kept in the store (urls and headers hidden)")
+    set_sinks = command(sink_verbs, "set", help="replace the sinks with a JSON or YAML file's list")
     set_sinks.add_argument("file")
-    send_test = sink_verbs.add_parser("test", help="send one test event to every sink")
+    send_test = command(sink_verbs, "test", help="send one test event to every sink")
     send_test.add_argument("--wait", type=float, default=notify.DEFAULT_WAIT_S)
+
+    command(top, "config", help="which rollout store, found where (secrets hidden)")
     return parser
 
 
+def parse_args(argv):
+    args = build_parser().parse_args(argv)
+    for name, default in GLOBAL_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, list(default) if isinstance(default, list) else default)
+    if args.noun == "config":
+        args.verb = None
+    return args
+
+
+def _version():
+    try:
+        return node_artifact.collection_version(REPO)
+    except (OSError, ValueError, KeyError, FleetError):
+        return "unknown"
+
+
+def _store_settings(args):
+    return store_settings.find(
+        args.store_config,
+        args.inventory,
+        {
+            "endpoints": args.endpoints,
+            "ca_file": args.ca_file,
+            "cert_file": args.cert_file,
+            "key_file": args.key_file,
+            "user": args.user,
+            "password_file": args.password_file,
+            "prefix": args.prefix,
+        },
+        os.environ,
+        os.path.join(REPO, "playbooks"),
+    )
+
+
 def _store(args):
-    params = {"endpoints": [], "prefix": None}
-    if args.store_config:
-        try:
-            with open(args.store_config) as handle:
-                params.update(json.load(handle))
-        except (OSError, ValueError) as exc:
-            raise FleetError(
-                "store config %s cannot be read: %s" % (args.store_config, exc),
-                {"field": "store_config", "outcome": "bad_input"},
-            ) from None
-    for option in ("ca_file", "cert_file", "key_file", "user", "password_file", "prefix"):
-        if getattr(args, option):
-            params[option] = getattr(args, option)
-    if args.endpoints:
-        params["endpoints"] = args.endpoints
-    if not params["endpoints"]:
-        raise FleetError(
-            "no rollout store given: use --store-config FILE, $%s or --endpoints URL" % CONFIG_ENV,
-            {"field": "endpoints", "outcome": "bad_input"},
-        )
-    return store_from_params(params)
+    return store_from_params(_store_settings(args)[0])
 
 
 def _actor():
@@ -324,7 +399,19 @@ def _emit(args, payload, text):
 
 
 def run(argv):
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
+    if args.noun == "config":
+        settings, source = _store_settings(args)
+        described = store_settings.describe(settings, source)
+        _emit(
+            args,
+            described,
+            "\n".join(
+                ["source: %s" % source]
+                + ["%s: %s" % item for item in sorted(described["settings"].items())]
+            ),
+        )
+        return EXIT_OK
     store = _store(args)
     verb = args.verb
     if verb == "status":

@@ -163,9 +163,10 @@ options:
     default: false
   interval:
     description:
-      - Seconds between evaluations (the playbook's gate interval). A gap of more than twice this
-        since the previous evaluation (a runner that was dead, a controller that slept) does not
-        count towards the hold; RV(unwatched_s) says how much was left out.
+      - Seconds between evaluations (the playbook's gate interval). Of a gap of more than twice
+        this since the previous evaluation (a runner that was dead, a controller that slept), the
+        part beyond two intervals does not count towards the hold; RV(unwatched_s) says how much
+        was left out.
     type: int
   record_path:
     description:

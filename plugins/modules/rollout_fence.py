@@ -22,11 +22,11 @@ description:
     engine) are gone after the rollback of O(epoch), or their own wait is over. Each says how
     long that took, or how many are left on which route.
   - A store that fails in any way (not reached, an error answered such as no leader, NOSPACE or
-    a refused login, settings that cannot make a client) fails V(read): a canary must not start
+    a refused login, settings that cannot make a client) fails V(read); a canary must not start
     or advance then. With V(raise) it does not fail unless O(require_store) is set; it returns
     RV(store_updated=false), RV(store_error) and RV(store_error_kind), so that the rollback goes
     on and fences the nodes itself, one above each node's own epoch. A store that fails the count
-    after the raise, V(wait_acks) or V(wait_direct) does not fail them either: no node is counted
+    after the raise, V(wait_acks) or V(wait_direct) does not fail them either; no node is counted
     (each gets the push) and RV(store_error) says why.
   - On the controller (a task delegated to localhost, or any task with a local connection and no
     become) the call runs in the controller's own process, with the same arguments and results,
@@ -72,7 +72,7 @@ options:
       - What raised the fence, recorded with it, and what each node's fence watcher does with
         it; V(abort) is a canary abort (the watcher rolls back as for V(fast)).
       - V(catch_up) brings the store up to an epoch nodes took by themselves (a rollback that
-        could not reach the store): each watcher records the epoch and acknowledges it, and
+        could not reach the store); each watcher records the epoch and acknowledges it, and
         changes no weight. A watcher of a release before this one refuses it and changes
         nothing.
       - With V(wait_acks) and V(deep), only the acknowledgements of a deep rollback count.

@@ -1,9 +1,9 @@
 """The sandbox fleets for the playbook tests: each up once, shared by the test modules of its
 xdist group (they run on one worker, in file order), always torn down.
 
-Two fleets run side by side under xdist, so that the CI's critical path is not one worker
-waiting on every hold: modules marked `xdist_group("sandbox-fleet")` use the default fleet
-(inventories/sandbox), modules marked `xdist_group("sandbox-second-fleet")` a second one
+Modules marked `xdist_group("sandbox-fleet")` use the default fleet (inventories/sandbox).
+With ZEROLAYER_TEST_FLEETS=2 (tests/playbooks/fleet_groups.py), those marked
+`xdist_group("sandbox-second-fleet")` get a second one beside it, in another worker
 (`ZEROLAYER_SANDBOX_FLEET=second`, its own network, subnet, etcd PKI and a copy of the
 inventory that selects its label). Without xdist every module shares the default fleet.
 
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fleet_groups import DEFAULT_FLEET
 from sandbox_inventory import named_fleet_inventory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ SANDBOX = REPO / "scripts" / "sandbox"
 LOAD_CLIENT = REPO / "files" / "load" / "zerolayer_load.py"
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
 # xdist group -> (fleet name, subnet prefix); the first is the one inventories/sandbox finds.
-DEFAULT_GROUP = "sandbox-fleet"
+DEFAULT_GROUP = DEFAULT_FLEET
 FLEETS = {
     DEFAULT_GROUP: ("fleet", None),
     "sandbox-second-fleet": ("second", "10.89.214"),
@@ -406,6 +407,9 @@ class Fleets:
         workdir = Path(tempfile.mkdtemp(prefix="zl-playbooks-%s-" % name))
         self.workdirs.append(workdir)
         env = dict(self.env)
+        # The store's play writes the controller's settings for `zerolayer` under
+        # $XDG_CONFIG_HOME: the fleet's own, gone with its workdir, never the user's.
+        env["XDG_CONFIG_HOME"] = str(workdir / "config")
         inventory = INVENTORY
         if name != "fleet":
             env.update(ZEROLAYER_SANDBOX_FLEET=name, ZEROLAYER_SANDBOX_SUBNET_PREFIX=subnet)

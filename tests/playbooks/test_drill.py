@@ -16,8 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from fleet_groups import SECOND_FLEET
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SECOND_FLEET)]
 
 REPO = Path(__file__).resolve().parents[2]
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"

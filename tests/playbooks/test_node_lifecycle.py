@@ -16,9 +16,10 @@ import json
 import time
 
 import pytest
+from fleet_groups import SECOND_FLEET
 from test_engine_upgrade_mps import doubles_on_every_node, mps_events, remove_mps
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SECOND_FLEET)]
 
 FIRST = "550.127.05"
 NEXT = "550.144.03"

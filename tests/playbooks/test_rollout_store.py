@@ -13,6 +13,7 @@ node's rollout store, TLS and per-identity users) and under load with no failed 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -35,29 +36,28 @@ GATE_INTERVAL_S = 2  # drill_vars.yml
 
 
 @pytest.fixture(scope="module")
-def store_config(fleet, tmp_path_factory):
-    """The controller's store settings from the inventory, as `zerolayer --store-config`."""
-    names = ("endpoints", "ca_file", "cert_file", "key_file", "user", "password_file", "prefix")
-    expression = "{{ {%s} | to_json }}" % ", ".join(
-        "'%s': rollout_store_%s | default(none)" % (name, name) for name in names
-    )
-    env = dict(
-        fleet.env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"
-    )
-    result = subprocess.run(
-        # Ad hoc, playbook_dir is the working directory: name the playbooks' PKI dir.
-        ["ansible", "localhost", "-i", fleet.inventory_path, "-m", "ansible.builtin.debug",
-         "-e", "rollout_store_pki_dir=%s" % fleet.pki_dir,
-         "-a", "msg=%s" % expression],
-        env=env, cwd=REPO, capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    message = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["msg"]
-    config = message if isinstance(message, dict) else json.loads(message)
-    config = {key: value for key, value in config.items() if value is not None}
-    assert config.get("endpoints"), "the sandbox inventory names no rollout store: %s" % config
-    path = tmp_path_factory.mktemp("store") / "store.json"
-    path.write_text(json.dumps(config))
+def store_config(fleet):
+    """The controller's store settings the store's play wrote for `zerolayer` (under the
+    fleet's $XDG_CONFIG_HOME); for a reused fleet, what `zerolayer config` reads from the
+    inventory, written there once."""
+    path = Path(fleet.env["XDG_CONFIG_HOME"]) / "zerolayer" / "store.json"
+    if not path.exists() and os.environ.get("ZEROLAYER_PLAYBOOK_REUSE_FLEET") == "1":
+        status, shown, err = zerolayer_in(fleet.env, "config", "-i", fleet.inventory_path)
+        assert status == 0, err
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(shown["settings"]))
+    assert path.exists(), "the store's play wrote no %s for the zerolayer command" % path
     return path
+
+
+def zerolayer_in(env, *argv):
+    """`zerolayer -o json ARGV` with env as it is (the store found as a person's shell would)."""
+    proc = subprocess.run(
+        [str(ZEROLAYER), "-o", "json", *argv],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    payload = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, payload, proc.stderr
 
 
 def unique(name):
@@ -115,6 +115,45 @@ def no_failed_request(client):
     assert summary["requests_failed"] == 0, summary["failures_by_cause"]
     assert summary["requests_ok"] > 0, summary
     return summary
+
+
+def test_after_the_store_play_zerolayer_finds_its_store_with_no_setting(fleet, store_config):
+    """The store's play wrote the controller's settings (0600, absolute paths) where
+    `zerolayer` looks; with no option and no variable, it reads the store through them, and
+    `config` names that file as its source and shows no secret."""
+    assert store_config.stat().st_mode & 0o777 == 0o600
+    settings = json.loads(store_config.read_text())
+    assert settings["endpoints"] and all(u.startswith("https://") for u in settings["endpoints"])
+    for key in ("ca_file", "cert_file", "key_file", "password_file"):
+        assert Path(settings[key]).is_absolute() and Path(settings[key]).is_file(), settings
+    env = {k: v for k, v in fleet.env.items() if k != "ZEROLAYER_STORE_CONFIG"}
+    status, shown, err = zerolayer_in(env, "config")
+    assert status == 0, err
+    assert shown["source"] == str(store_config), shown
+    password = Path(settings["password_file"]).read_text().strip()
+    assert password and password not in json.dumps(shown)
+    status, report, err = zerolayer_in(env, "rollout", "status")
+    assert status == 0, err
+    assert isinstance(report["fence"]["epoch"], int)
+
+
+def test_zerolayer_finds_the_store_in_the_inventory_and_takes_options_after_the_verb(
+    fleet, store_config, tmp_path
+):
+    """Without the per-user file, -i INVENTORY is read for the rollout_store_* variables
+    (the same settings the play wrote); -o json after the verb as before it."""
+    env = dict(fleet.env, XDG_CONFIG_HOME=str(tmp_path / "empty"))
+    env.pop("ZEROLAYER_STORE_CONFIG", None)
+    status, shown, err = zerolayer_in(env, "config", "-i", fleet.inventory_path)
+    assert status == 0, err
+    assert shown["source"] == "inventory %s" % fleet.inventory_path, shown
+    assert shown["settings"] == json.loads(store_config.read_text())
+    proc = subprocess.run(
+        [str(ZEROLAYER), "rollout", "status", "-i", fleet.inventory_path, "-o", "json"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert isinstance(json.loads(proc.stdout)["fence"]["epoch"], int)
 
 
 def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fleet_groups import SECOND_FLEET
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-second-fleet")]
+pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SECOND_FLEET)]
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "tests" / "sandbox" / "vllm-cpu"

@@ -161,6 +161,6 @@ def test_a_best_effort_event_on_a_refusing_store_is_a_warning(auth_member, passw
     # A bad event type is still refused with best_effort: it is input, not the store.
     refused = run_module(
         "rollout_event", auth_member.url, PREFIX, best_effort=True,
-        password_file=password_files["right"], **dict(common, type="no_such_event"),
+        password_file=password_files["right"], **{**common, "type": "no_such_event"},
     )  # fmt: skip
     assert refused.get("failed") and refused.get("field") == "type", refused

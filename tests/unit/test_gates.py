@@ -696,8 +696,24 @@ def test_a_stretch_nobody_watched_does_not_count_as_hold():
         history, "pass", at(60 + 9 * 3600), 8 * 3600, at(0), limits(), watch_interval_s=60
     )
     assert outcome["decision"] == "continue", outcome
-    assert outcome["unwatched_s"] == 9 * 3600
-    assert outcome["hold_remaining_s"] == pytest.approx(8 * 3600 - 60, abs=1)
+    # The gap beyond two intervals (120 s) is left out of the hold.
+    assert outcome["unwatched_s"] == 9 * 3600 - 120
+    assert outcome["hold_remaining_s"] == pytest.approx(8 * 3600 - 180, abs=1)
+
+
+def test_evaluations_a_little_slower_than_two_intervals_still_end_the_hold():
+    """A loaded controller: every evaluation 5 s after the previous one, with a 2 s interval.
+    Only 1 s of each gap is left out, so a 20 s hold ends after 25 s, not never."""
+    history = g.new_history("chat:wave", 0)
+    seconds = 0
+    outcome = {"decision": "continue"}
+    while outcome["decision"] == "continue" and seconds < 120:
+        seconds += 5
+        history, outcome = g.record_evaluation(
+            history, "pass", at(seconds), 20, at(0), limits(), watch_interval_s=2
+        )
+    assert outcome["decision"] == "complete", outcome
+    assert seconds == 25 and outcome["unwatched_s"] == 5
 
 
 def test_gaps_up_to_two_intervals_still_count():
