@@ -7,6 +7,7 @@
   zerolayer rollout resume ID [--wave W]
   zerolayer rollout promote ID [--full] [--wave W]
   zerolayer rollout abort ID [--reason TEXT] [-i INVENTORY]
+  zerolayer rollout list [--limit N] [--since 7d]
   zerolayer rollout history ID
   zerolayer rollout report ID [--png FILE] [--json]
   zerolayer rollout events ID
@@ -27,6 +28,7 @@ the push to the nodes failed; 1 anything else.
 from __future__ import annotations
 
 import argparse
+import datetime
 import getpass
 import json
 import os
@@ -49,6 +51,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import Flee
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     format_timestamp,
+    parse_timestamp,
     utc_now,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
@@ -88,6 +91,7 @@ GLOBAL_DEFAULTS = {
 }
 EXAMPLES = """examples:
   zerolayer rollout status                  the fence, owners, rollouts in progress, nodes
+  zerolayer rollout list --since 7d         every rollout, newest first, and how it ended
   zerolayer rollout status chat-v2 -o json  one rollout, as JSON
   zerolayer rollout pause chat-v2 --reason "p99 up on eu"
   zerolayer rollout abort chat-v2 -i inventories/prod   raise the fence, push weight 0
@@ -146,7 +150,9 @@ def build_parser():
     def command(subparsers, name, **kwargs):
         return subparsers.add_parser(name, parents=[common], **kwargs)
 
-    noun = top.add_parser("rollout", help="status, pause, resume, promote, abort, history, report")
+    noun = top.add_parser(
+        "rollout", help="status, list, pause, resume, promote, abort, history, report, events"
+    )
     verbs = noun.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
     verbs.required = True
 
@@ -165,6 +171,9 @@ def build_parser():
     abort = command(verbs, "abort", help="raise the fence, mark aborted, push weight 0 (-i)")
     abort.add_argument("rollout_id")
     abort.add_argument("--reason", default="by request (zerolayer rollout abort)")
+    listing = command(verbs, "list", help="every rollout, newest first, with how it ended")
+    listing.add_argument("--limit", type=int, default=20, help="at most this many (20)")
+    listing.add_argument("--since", help="created since: 30m, 6h, 7d or an ISO 8601 time")
     history = command(verbs, "history", help="who did what, when, why")
     history.add_argument("rollout_id")
     report = command(
@@ -276,7 +285,7 @@ def render_status(report):
                 % (
                     rollout_id[:28],
                     wave[:12],
-                    "fenced" if row["fenced"] else row["outcome"],
+                    _outcome_word(row),
                     "%d/%d" % (row["stage_number"], row["stage_count"]),
                     row["weight"],
                     row["last_verdict"] or "-",
@@ -285,12 +294,79 @@ def render_status(report):
                     nodes or "-",
                 )
             )
+            if row["rolled_back_by"]:
+                lines.append("%-28s   %s" % ("", _rolled_back_line(row["rolled_back_by"])))
             if row["last_gates"]:
                 lines.append(
                     "%-28s   gates: %s"
                     % ("", ", ".join("%s %s" % item for item in sorted(row["last_gates"].items())))
                 )
+    if report.get("finished_rollouts"):
+        lines.append(
+            "%d finished rollout(s) not shown: zerolayer rollout list" % report["finished_rollouts"]
+        )
     return "\n".join(lines)
+
+
+def _outcome_word(row):
+    if row["fenced"]:
+        return "fenced"
+    if row.get("rolled_back_by"):
+        return "rolled back"
+    return row["outcome"]
+
+
+def _rolled_back_line(fence):
+    return "rolled back at epoch %s by %s, at %s (%s: %s)" % (
+        fence.get("epoch"),
+        fence.get("actor"),
+        fence.get("at"),
+        fence.get("action"),
+        fence.get("reason"),
+    )
+
+
+def render_list(listing):
+    lines = [
+        "%-28s %-12s %7s %-6s %-20s %s"
+        % ("ROLLOUT", "STANDING", "WEIGHT", "EPOCH", "CREATED", "WAVES")
+    ]
+    for row in listing["rollouts"]:
+        lines.append(
+            "%-28s %-12s %7s %-6s %-20s %s"
+            % (
+                row["rollout_id"][:28],
+                row["standing"],
+                row["weight"],
+                "-" if row["fence_epoch_taken"] is None else row["fence_epoch_taken"],
+                row["created_at"] or "-",
+                ", ".join("%s %s" % item for item in sorted(row["waves"].items())),
+            )
+        )
+        if row["rolled_back_by"]:
+            lines.append("%-28s %s" % ("", _rolled_back_line(row["rolled_back_by"])))
+    shown, total = len(listing["rollouts"]), listing["total"]
+    if shown < total:
+        lines.append("%d of %d shown (--limit)" % (shown, total))
+    return "\n".join(lines)
+
+
+SINCE_UNITS = {"m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value, now=None):
+    """--since: a duration back from now (30m, 6h, 7d) or a moment (ISO 8601)."""
+    now = now or utc_now()
+    text = (value or "").strip()
+    if text[:-1].isdigit() and text[-1:] in SINCE_UNITS:
+        return now - datetime.timedelta(seconds=int(text[:-1]) * SINCE_UNITS[text[-1]])
+    try:
+        return parse_timestamp(text, "since")
+    except FleetError:
+        raise UsageError(
+            "--since must be a duration (30m, 6h, 7d) or an ISO 8601 time such as "
+            "2026-12-01T12:00:00Z; got %r" % value
+        ) from None
 
 
 def _push_abort(inventories, epoch, reason):
@@ -425,6 +501,13 @@ def run(argv):
             if not args.watch or (args.count and draws >= args.count):
                 return EXIT_OK
             time.sleep(args.interval)
+    if verb == "list":
+        if args.limit < 1:
+            raise UsageError("--limit must be a whole number from 1; got %d" % args.limit)
+        since = parse_since(args.since) if args.since else None
+        listing = rollout_ops.rollouts(store, limit=args.limit, since=since)
+        _emit(args, listing, render_list(listing))
+        return EXIT_OK
     if verb == "report":
         return _report(args, store)
     if verb == "history":

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+    parse_timestamp,
+    utc_now,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
     list_records,
@@ -62,13 +65,18 @@ def waves_of(store, rollout_id, wave=None):
     return found
 
 
-def _wave_status(record, fence_epoch, now):
+def _wave_status(record, fence, now):
     summary = rollout.summary(record, now)
     taken = record.get("fence_epoch")
     summary["fence_epoch_taken"] = taken
-    summary["fenced"] = (
-        taken is not None and taken < fence_epoch and record["outcome"] not in rollout.FINISHED
+    superseded = taken is not None and taken < fence["epoch"]
+    summary["fenced"] = superseded and record["outcome"] not in rollout.FINISHED
+    # A completed rollout's nodes went back to the proxy when a rollback raised the fence
+    # above its epoch (every node's watcher zeroes every route): not "completed 100 %".
+    summary["rolled_back_by"] = (
+        _fence_summary(fence) if superseded and record["outcome"] == "completed" else None
     )
+    summary["created_at"] = record.get("created_at")
     summary["nodes"] = record.get("nodes", {})
     # The current stage's measured split per node, where the runner measured one.
     summary["splits"] = (record.get("splits") or {}).get(str(record["stage"]["index"]), {})
@@ -82,18 +90,44 @@ def _wave_status(record, fence_epoch, now):
     return summary
 
 
+def _fence_summary(fence):
+    return {key: fence.get(key) for key in ("epoch", "action", "actor", "at", "reason")}
+
+
+def in_progress(waves):
+    """Whether any wave of a rollout ({wave: status}) is neither finished nor fenced."""
+    return any(
+        row["outcome"] not in rollout.FINISHED and not row["fenced"] for row in waves.values()
+    )
+
+
+def _all_rollouts(store, fence, now):
+    return {
+        one: {
+            wave: _wave_status(record, fence, now)
+            for wave, record in sorted(waves_of(store, one).items())
+        }
+        for one in rollout_ids(store)
+    }
+
+
 def status(store, rollout_id=None, scope=None):
-    """The fence, the owners and every wave's standing (of one rollout, or of all)."""
+    """The fence, the owners and every wave's standing: of one rollout, or of every rollout
+    in progress (the finished ones are counted; rollouts() lists them)."""
     now = utc_now()
     fence = store.fence()
-    ids = [rollout_id] if rollout_id else rollout_ids(store)
-    rollouts = {}
-    for one in ids:
-        waves = waves_of(store, one)
-        rollouts[one] = {
-            wave: _wave_status(record, fence["epoch"], now)
-            for wave, record in sorted(waves.items())
+    if rollout_id:
+        rollouts = {
+            rollout_id: {
+                wave: _wave_status(record, fence, now)
+                for wave, record in sorted(waves_of(store, rollout_id).items())
+            }
         }
+        finished = None
+    else:
+        every = _all_rollouts(store, fence, now)
+        rollouts = {one: waves for one, waves in every.items() if in_progress(waves)}
+        finished = len(every) - len(rollouts)
     owners = {}
     for kv in store.client.get_prefix(store.key("owners", "")):
         holder = kv.json()
@@ -101,7 +135,53 @@ def status(store, rollout_id=None, scope=None):
         owners[kv.key[len(store.key("owners", "")) :]] = holder
     if scope is not None:
         owners = {name: holder for name, holder in owners.items() if name == scope}
-    return {"fence": fence, "owners": owners, "rollouts": rollouts}
+    report = {"fence": fence, "owners": owners, "rollouts": rollouts}
+    if finished is not None:
+        report["finished_rollouts"] = finished
+    return report
+
+
+def rollouts(store, limit=20, since=None):
+    """Every rollout, newest first (by its first wave's creation): one row each with its
+    overall standing; at most limit rows, none created before since (a datetime)."""
+    now = utc_now()
+    fence = store.fence()
+    rows = []
+    for one, waves in _all_rollouts(store, fence, now).items():
+        created = min((row["created_at"] or "") for row in waves.values())
+        if since is not None and created and parse_timestamp(created, "created_at") < since:
+            continue
+        taken = [row["fence_epoch_taken"] for row in waves.values()]
+        rolled_back = [row["rolled_back_by"] for row in waves.values() if row["rolled_back_by"]]
+        rows.append(
+            {
+                "rollout_id": one,
+                "standing": _standing(waves),
+                "created_at": created or None,
+                "updated_at": max((row["updated_at"] or "") for row in waves.values()) or None,
+                "weight": max(row["weight"] for row in waves.values()),
+                "waves": {wave: row["outcome"] for wave, row in waves.items()},
+                "fence_epoch_taken": min((e for e in taken if e is not None), default=None),
+                "rolled_back_by": rolled_back[0] if rolled_back else None,
+            }
+        )
+    rows.sort(key=lambda row: row["created_at"] or "", reverse=True)
+    return {"fence": fence, "rollouts": rows[:limit], "total": len(rows)}
+
+
+def _standing(waves):
+    """One word for a rollout: in progress, paused, fenced, or how it ended."""
+    if in_progress(waves):
+        return "paused" if any(row["paused"] for row in waves.values()) else "in progress"
+    if any(row["fenced"] for row in waves.values()):
+        return "fenced"
+    if any(row["rolled_back_by"] for row in waves.values()):
+        return "rolled back"
+    outcomes = {row["outcome"] for row in waves.values()}
+    for ended in ("aborted", "rolled_back", "completed"):
+        if ended in outcomes:
+            return ended.replace("_", " ")
+    return "/".join(sorted(outcomes))
 
 
 def _apply_to_waves(store, rollout_id, wave, action, reason, actor, choose):

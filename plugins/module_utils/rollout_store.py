@@ -32,6 +32,10 @@ CAS_ATTEMPTS = 8
 SCOPE_PATTERN = re.compile(r"^[A-Za-z0-9_.:,!&*\[\]-]{1,200}$")
 
 
+class OwnerLost(FleetError):
+    """A runner whose lease on its scope is gone (expired, or the scope taken since)."""
+
+
 class OwnerConflict(FleetError):
     """Another runner holds the scope."""
 
@@ -453,6 +457,35 @@ class RolloutStore:
             {"field": "scope", "holder": other, "ttl_left_s": left},
         )
 
+    def confirm_owner(self, scope, lease):
+        """The holder, when it is still the runner of lease; OwnerLost otherwise.
+
+        A runner's lease expires when its heartbeat could not renew it for the TTL (a
+        partition, a stalled controller); its owner key goes with it, and another runner
+        may have taken the scope since. A runner confirms before each write that raises
+        traffic, so that it never writes on a scope it no longer holds.
+        """
+        holder = self.owner(scope)
+        if holder is not None and holder.get("lease") == int(lease):
+            return holder
+        if holder is None:
+            now = "nobody holds it now"
+        else:
+            now = "it is held now by host %s, pid %s, rollout %s, since %s" % (
+                holder.get("host"),
+                holder.get("pid"),
+                holder.get("rollout_id"),
+                holder.get("since"),
+            )
+        raise OwnerLost(
+            "this runner no longer owns scope %s: its lease %s expired (its heartbeat could "
+            "not renew it for the lease's TTL: a partition or a stalled controller), and %s. "
+            "Nothing was written; the nodes keep their weights. Find out who runs the "
+            "rollout (zerolayer rollout status) before starting or resuming one."
+            % (scope, lease, now),
+            {"field": "lease", "holder": holder, "outcome": "refused"},
+        )
+
     def release(self, scope, lease):
         """Give scope up: revoking the lease removes the owner key with it."""
         validate_scope(scope)
@@ -461,6 +494,7 @@ class RolloutStore:
 
 __all__ = [
     "OwnerConflict",
+    "OwnerLost",
     "RolloutStore",
     "StoreUnavailable",
     "store_failure",

@@ -18,6 +18,10 @@ description:
     its lease to expire, at most O(ttl) seconds, instead of being refused.
   - V(release) gives the scope up at once (the lease is revoked, the heartbeat ends by itself).
   - V(status) reads the holder, if any.
+  - V(confirm) checks that the runner of O(lease) still holds the scope and fails otherwise,
+    naming who holds it now (or nobody). A runner whose heartbeat could not renew its lease
+    for O(ttl) seconds (a partition, a stalled controller) has lost the scope, and another
+    runner may have taken it; the canary confirms before each write that raises traffic.
 version_added: 0.2.0
 author:
   - Zerolayer Fleet Maintainers (@zerolayer)
@@ -25,7 +29,7 @@ options:
   action:
     description: What to do.
     type: str
-    choices: [acquire, release, status]
+    choices: [acquire, release, status, confirm]
     default: status
   scope:
     description: The rollout scope, the inventory pattern of the hosts rolled out (C(canary_hosts)).
@@ -47,13 +51,15 @@ options:
     type: int
     default: 30
   lease:
-    description: The lease V(acquire) returned, to V(release).
+    description: The lease V(acquire) returned, to V(release) or V(confirm).
     type: int
 extends_documentation_fragment:
   - zerolayer.fleet.store
 attributes:
   check_mode:
-    description: In check mode V(acquire) and V(release) only read the holder.
+    description:
+      - In check mode V(acquire) and V(release) only read the holder; V(confirm) reads and
+        fails as it does outside check mode.
     support: full
   diff_mode:
     description: Not supported.
@@ -71,6 +77,15 @@ EXAMPLES = r"""
     cert_file: /etc/zerolayer/pki/controller.pem
     key_file: /etc/zerolayer/pki/controller-key.pem
   register: owner
+  delegate_to: localhost
+  run_once: true
+
+- name: Write no weight unless this runner still holds the scope
+  zerolayer.fleet.rollout_owner:
+    action: confirm
+    scope: gpu_nodes
+    lease: "{{ owner.owner.lease }}"
+    endpoints: ["https://10.0.0.5:2379"]
   delegate_to: localhost
   run_once: true
 """
@@ -110,7 +125,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store impo
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type="str", choices=["acquire", "release", "status"], default="status"),
+            action=dict(
+                type="str", choices=["acquire", "release", "status", "confirm"], default="status"
+            ),
             scope=dict(type="str", required=True),
             rollout_id=dict(type="str"),
             hosts=dict(type="list", elements="str"),
@@ -118,13 +135,19 @@ def main():
             lease=dict(type="int"),
             **store_options(),
         ),
-        required_if=[("action", "acquire", ["rollout_id"]), ("action", "release", ["lease"])],
+        required_if=[
+            ("action", "acquire", ["rollout_id"]),
+            ("action", "release", ["lease"]),
+            ("action", "confirm", ["lease"]),
+        ],
         supports_check_mode=True,
     )
     params = module.params
     try:
         scope = validate_scope(params["scope"])
         store = store_from_params(params)
+        if params["action"] == "confirm":
+            module.exit_json(changed=False, owner=store.confirm_owner(scope, params["lease"]))
         if params["action"] == "status" or module.check_mode:
             module.exit_json(changed=False, owner=store.owner(scope))
         if params["action"] == "release":

@@ -291,6 +291,32 @@ def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     no_failed_request(client)
 
 
+def test_a_runner_that_lost_its_lease_writes_no_further_weight(
+    fleet, records, baseline, store_config, load
+):
+    """The runner's lease goes (revoked here, as etcd does when a partition outlasts the
+    TTL): at its next stage it finds it no longer owns the scope and stops before writing."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+        store_from_params,
+    )
+
+    client = load("lease-lost")
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-lost")
+    store = store_from_params(json.loads(store_config.read_text()))
+    holder = store.owner("gpu_nodes")
+    assert holder["rollout_id"] == rollout_id, holder
+    store.client.revoke_lease(holder["lease"])
+    # End the hold, so that the runner goes on to its next stage's write at once.
+    status, _result, err = zerolayer(store_config, "rollout", "promote", rollout_id)
+    assert status == 0, err
+    wait_ended(runner, timeout=120)
+    output = runner.log_path.read_text()
+    assert runner.returncode != 0, output[-3000:]
+    assert "no longer owns scope gpu_nodes" in output and "nobody holds it now" in output
+    assert set(direct_weights(fleet).values()) == {500}, "no weight after the lease was lost"
+    no_failed_request(client)
+
+
 def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest(
     fleet, records, baseline, store_config, tmp_path, load
 ):

@@ -205,3 +205,78 @@ def test_status_shows_each_node_with_the_split_its_stage_measured(store):
     records.write(record, token)
     text = rollout_cli.render_status(rollout_ops.status(store, "chat-a"))
     assert "n1 1% (split 1.1%)" in text and "n2 1% (split 7.0% OFF)" in text, text
+
+
+# ---------------------------------------------------------------- finished rollouts
+
+
+def completed(store, rollout_id, created_at, epoch=0):
+    """One wave walked through every stage to completed, as a runner leaves it."""
+    records = StoreRecords(store, "%s/wave_all" % rollout_id)
+    record, _c, _n = rollout.plan(None, "%s:wave_all" % rollout_id, SCHEDULE, None, False,
+                                  created_at, "runner@ctl", epoch=epoch)  # fmt: skip
+    for index in range(len(SCHEDULE)):
+        record, _c = rollout.apply(record, "stage_started", {"stage": index}, created_at, "r")
+        record, _c = rollout.apply(record, "hold_started", {}, created_at, "r")
+        record, _c = rollout.apply(record, "stage_completed", {}, created_at, "r")
+    record, _c = rollout.apply(record, "completed", {}, created_at, "r")
+    records.write(record, 0)
+    assert record["outcome"] == "completed"
+
+
+def test_a_completed_rollout_rolled_back_since_never_reads_completed(store):
+    completed(store, "chat-old", T0, epoch=0)
+    planted(store, "chat-now", epoch=0)
+    assert (
+        rollout_ops.status(store, "chat-old")["rollouts"]["chat-old"]["wave_all"]["rolled_back_by"]
+        is None
+    ), "no rollback yet: completed stands"
+    store.raise_fence("fast", "p99 page", "oncall@laptop")
+    report = rollout_ops.status(store, "chat-old")
+    row = report["rollouts"]["chat-old"]["wave_all"]
+    assert row["outcome"] == "completed" and row["rolled_back_by"]["epoch"] == 1
+    assert row["rolled_back_by"]["actor"] == "oncall@laptop"
+    text = rollout_cli.render_status(report)
+    assert "rolled back" in text and "rolled back at epoch 1 by oncall@laptop" in text
+    assert " completed " not in text
+    # Without an id: only the rollouts in progress; the finished ones are counted.
+    everything = rollout_ops.status(store)
+    assert set(everything["rollouts"]) == set(), "chat-now was fenced by the raise too"
+    planted(store, "chat-new", epoch=1)
+    everything = rollout_ops.status(store)
+    assert set(everything["rollouts"]) == {"chat-new"} and everything["finished_rollouts"] == 2
+    assert "2 finished rollout(s) not shown" in rollout_cli.render_status(everything)
+
+
+def test_list_shows_every_rollout_newest_first_with_how_it_ended(store):
+    completed(store, "chat-1", T0 - datetime.timedelta(days=3))
+    completed(store, "chat-2", T0 - datetime.timedelta(days=1))
+    planted(store, "chat-3")
+    listing = rollout_ops.rollouts(store)
+    assert [row["rollout_id"] for row in listing["rollouts"]] == ["chat-3", "chat-2", "chat-1"]
+    assert [row["standing"] for row in listing["rollouts"]] == [
+        "in progress", "completed", "completed",
+    ]  # fmt: skip
+    store.raise_fence("fast", "rollback", "oncall@laptop")
+    standing = {
+        row["rollout_id"]: row["standing"] for row in rollout_ops.rollouts(store)["rollouts"]
+    }
+    assert standing == {"chat-3": "fenced", "chat-2": "rolled back", "chat-1": "rolled back"}
+    limited = rollout_ops.rollouts(store, limit=1)
+    assert [row["rollout_id"] for row in limited["rollouts"]] == ["chat-3"]
+    assert limited["total"] == 3
+    recent = rollout_ops.rollouts(store, since=T0 - datetime.timedelta(days=2))
+    assert [row["rollout_id"] for row in recent["rollouts"]] == ["chat-3", "chat-2"]
+
+
+def test_list_by_the_command_takes_since_and_limit_and_refuses_bad_ones(etcd_url, store):
+    completed(store, "chat-1", T0 - datetime.timedelta(days=3))
+    planted(store, "chat-2")
+    status, out, _err = cli(etcd_url, store, "rollout", "list", "--since", "2d", "-o", "json")
+    assert status == 0 and [r["rollout_id"] for r in json.loads(out)["rollouts"]] == ["chat-2"]
+    status, out, _err = cli(etcd_url, store, "rollout", "list", "--limit", "1")
+    assert status == 0 and "chat-2" in out and "1 of 2 shown" in out
+    status, _out, err = cli(etcd_url, store, "rollout", "list", "--since", "yesterday")
+    assert status == rollout_cli.EXIT_BAD_INPUT and "30m, 6h, 7d" in err
+    status, _out, err = cli(etcd_url, store, "rollout", "list", "--limit", "0")
+    assert status == rollout_cli.EXIT_BAD_INPUT and "--limit" in err

@@ -19,8 +19,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     OwnerConflict,
+    OwnerLost,
     runner_identity,
 )
+
+from .adhoc import run_module
 
 
 def test_compare_and_swap_writes_only_on_the_revision_it_read(store):
@@ -84,6 +87,44 @@ def test_a_second_runner_is_refused_naming_the_holder(store):
     store.release("gpu_nodes", mine["lease"])
     assert store.owner("gpu_nodes") is None
     assert store.acquire("gpu_nodes", runner_identity("chat-b", 2222), 10)["rollout_id"] == "chat-b"
+
+
+def test_a_runner_whose_lease_is_gone_is_told_so_before_it_writes(store):
+    """A lease that expired (its heartbeat could not renew it: here revoked, as etcd does at
+    the TTL) takes the owner key with it; confirm then fails, naming nobody, and once
+    another runner took the scope, naming that runner. The holder confirms fine."""
+    mine = store.acquire("gpu_nodes", runner_identity("chat-a", 1111), 10)
+    assert store.confirm_owner("gpu_nodes", mine["lease"])["rollout_id"] == "chat-a"
+    store.client.revoke_lease(mine["lease"])
+    with pytest.raises(OwnerLost) as lost:
+        store.confirm_owner("gpu_nodes", mine["lease"])
+    assert "nobody holds it now" in lost.value.message and lost.value.details["holder"] is None
+    assert lost.value.details["outcome"] == "refused"
+    other = store.acquire("gpu_nodes", runner_identity("chat-b", 2222), 10)
+    with pytest.raises(OwnerLost) as taken:
+        store.confirm_owner("gpu_nodes", mine["lease"])
+    assert "pid 2222" in taken.value.message and "rollout chat-b" in taken.value.message
+    assert store.confirm_owner("gpu_nodes", other["lease"])["rollout_id"] == "chat-b"
+    store.release("gpu_nodes", other["lease"])
+
+
+def test_the_owner_module_confirms_and_refuses_as_the_store_does(etcd_url, store):
+    mine = store.acquire("wave_q", runner_identity("chat-q", 3333), 10)
+    held = run_module(
+        "rollout_owner", etcd_url, store.prefix, action="confirm", scope="wave_q",
+        lease=mine["lease"],
+    )  # fmt: skip
+    assert not held.get("failed") and held["owner"]["rollout_id"] == "chat-q", held
+    assert held["changed"] is False
+    store.release("wave_q", mine["lease"])
+    lost = run_module(
+        "rollout_owner", etcd_url, store.prefix, action="confirm", scope="wave_q",
+        lease=mine["lease"],
+    )  # fmt: skip
+    assert lost.get("failed") and "no longer owns scope wave_q" in lost["msg"], lost
+    assert lost.get("field") == "lease", lost
+    missing = run_module("rollout_owner", etcd_url, store.prefix, action="confirm", scope="x")
+    assert missing.get("failed") and "lease" in missing["msg"], missing
 
 
 def test_a_scope_under_another_name_that_shares_a_node_is_refused(store):
