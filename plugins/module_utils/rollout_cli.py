@@ -14,6 +14,7 @@
   zerolayer notifications show | set FILE | test
 
   zerolayer config
+  zerolayer completion [bash]
   zerolayer --version
 
 The store is found as store_settings.py says (--store-config, $ZEROLAYER_STORE_CONFIG, the
@@ -96,6 +97,7 @@ EXAMPLES = """examples:
   zerolayer rollout pause chat-v2 --reason "p99 up on eu"
   zerolayer rollout abort chat-v2 -i inventories/prod   raise the fence, push weight 0
   zerolayer config                          which store, found where (no secrets shown)
+  eval "$(zerolayer completion)"            bash completion of nouns, verbs and options
 
 The store is found through --store-config FILE, $ZEROLAYER_STORE_CONFIG, the per-user
 file the store's play writes (~/.config/zerolayer/store.json), then -i INVENTORY or
@@ -143,7 +145,7 @@ def build_parser():
         parents=[common],
     )
     parser.add_argument("--version", action="version", version="zerolayer %s" % _version())
-    top = parser.add_subparsers(dest="noun", metavar="{rollout,notifications,config}",
+    top = parser.add_subparsers(dest="noun", metavar="{rollout,notifications,config,completion}",
                                 parser_class=_Parser)  # fmt: skip
     top.required = True
 
@@ -198,7 +200,54 @@ def build_parser():
     send_test.add_argument("--wait", type=float, default=notify.DEFAULT_WAIT_S)
 
     command(top, "config", help="which rollout store, found where (secrets hidden)")
+    completion = top.add_parser(
+        "completion", help='print the shell completion (bash): eval "$(zerolayer completion)"'
+    )
+    completion.add_argument("shell", nargs="?", choices=["bash"], default="bash")
     return parser
+
+
+def _subcommands(parser):
+    """{name: parser} of parser's subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def bash_completion(parser):
+    """A bash completion for the command, made from its parser: nouns, verbs, options (the
+    word after an option that takes a value is not taken for a noun or verb)."""
+    options, valued = set(), set()
+    levels = {"": sorted(_subcommands(parser))}
+    for noun, noun_parser in _subcommands(parser).items():
+        verbs = _subcommands(noun_parser)
+        levels[noun] = sorted(verbs)
+        for sub in [parser, noun_parser, *verbs.values()]:
+            for action in sub._actions:
+                options.update(action.option_strings)
+                if action.option_strings and action.nargs != 0:
+                    valued.update(action.option_strings)
+    cases = "\n".join(
+        '    "%s") COMPREPLY=($(compgen -W "%s" -- "$cur")) ;;' % (noun, " ".join(words))
+        for noun, words in sorted(levels.items())
+        if words
+    )
+    return """_zerolayer() {
+  local cur=${COMP_WORDS[COMP_CWORD]} words=() skip= w
+  for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do
+    if [ -n "$skip" ]; then skip=; continue; fi
+    case " %(valued)s " in *" $w "*) skip=1; continue ;; esac
+    case "$w" in -*) ;; *) words+=("$w") ;; esac
+  done
+  case "$cur" in -*) COMPREPLY=($(compgen -W "%(options)s" -- "$cur")); return ;; esac
+  [ "${#words[@]}" -le 1 ] || return
+  case "${words[0]}" in
+%(cases)s
+  esac
+}
+complete -F _zerolayer zerolayer
+""" % {"valued": " ".join(sorted(valued)), "options": " ".join(sorted(options)), "cases": cases}
 
 
 def parse_args(argv):
@@ -206,7 +255,7 @@ def parse_args(argv):
     for name, default in GLOBAL_DEFAULTS.items():
         if not hasattr(args, name):
             setattr(args, name, list(default) if isinstance(default, list) else default)
-    if args.noun == "config":
+    if args.noun in ("config", "completion"):
         args.verb = None
     return args
 
@@ -296,6 +345,9 @@ def render_status(report):
             )
             if row["rolled_back_by"]:
                 lines.append("%-28s   %s" % ("", _rolled_back_line(row["rolled_back_by"])))
+                after = row.get("nodes_after_rollback") or {}
+                if after:
+                    lines.append("%-28s   nodes since: %s" % ("", _nodes_since(after)))
             if row["last_gates"]:
                 lines.append(
                     "%-28s   gates: %s"
@@ -324,6 +376,21 @@ def _rolled_back_line(fence):
         fence.get("action"),
         fence.get("reason"),
     )
+
+
+def _nodes_since(after):
+    """'n1 weights 0 (epoch 3), n2 not confirmed': what each node's watcher read back."""
+    shown = []
+    for node, seen in sorted(after.items()):
+        if not seen["confirmed"]:
+            shown.append("%s not confirmed" % node)
+            continue
+        weights = seen.get("weights_bp") or {}
+        values = sorted({weight / 100.0 for weight in weights.values()}) or ["-"]
+        shown.append(
+            "%s %s%% (epoch %s)" % (node, "/".join("%g" % v for v in values), seen["epoch"])
+        )
+    return ", ".join(shown)
 
 
 def render_list(listing):
@@ -476,6 +543,9 @@ def _emit(args, payload, text):
 
 def run(argv):
     args = parse_args(argv)
+    if args.noun == "completion":
+        sys.stdout.write(bash_completion(build_parser()))
+        return EXIT_OK
     if args.noun == "config":
         settings, source = _store_settings(args)
         described = store_settings.describe(settings, source)

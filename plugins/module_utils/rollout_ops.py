@@ -135,10 +135,34 @@ def status(store, rollout_id=None, scope=None):
         owners[kv.key[len(store.key("owners", "")) :]] = holder
     if scope is not None:
         owners = {name: holder for name, holder in owners.items() if name == scope}
+    _add_nodes_after_rollback(store, fence, rollouts)
     report = {"fence": fence, "owners": owners, "rollouts": rollouts}
     if finished is not None:
         report["finished_rollouts"] = finished
     return report
+
+
+def _add_nodes_after_rollback(store, fence, rollouts):
+    """For each rolled-back wave, what its nodes' fence watchers acknowledged of the fence
+    that rolled it back: the weights they read back then (0 when it took), or unconfirmed."""
+    rows = [row for waves in rollouts.values() for row in waves.values() if row["rolled_back_by"]]
+    if not rows:
+        return
+    nodes = {node for row in rows for node in row["nodes"]}
+    acks = store.acknowledged(fence["epoch"], nodes)
+    for row in rows:
+        row["nodes_after_rollback"] = {
+            node: (
+                {
+                    "confirmed": True,
+                    "epoch": acks[node]["epoch"],
+                    "weights_bp": (acks[node].get("read_back") or {}).get("weights_bp"),
+                }
+                if node in acks
+                else {"confirmed": False}
+            )
+            for node in sorted(row["nodes"])
+        }
 
 
 def rollouts(store, limit=20, since=None):

@@ -31,6 +31,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import Flee
 
 CONFIG_ENV = "ZEROLAYER_STORE_CONFIG"
 KEYS = ("endpoints", "ca_file", "cert_file", "key_file", "user", "password_file", "prefix")
+# What a settings file may hold: the keys above and the client's timeout.
+ALLOWED_KEYS = (*KEYS, "timeout")
 SECRET_WORDS = ("password", "token", "secret")
 INVENTORY_TIMEOUT_S = 60
 
@@ -58,6 +60,14 @@ def read_settings_file(path, field):
             "store config %s must hold a JSON object with %s; got %s"
             % (path, ", ".join(KEYS), type(settings).__name__),
             {"field": field, "outcome": "bad_input"},
+        )
+    # A misspelt key (ca-file, endpoint) would silently mean "not set": name it instead.
+    unknown = sorted(set(settings) - set(ALLOWED_KEYS))
+    if unknown:
+        raise FleetError(
+            "store config %s: unknown key %s; the keys are %s"
+            % (path, ", ".join(unknown), ", ".join(ALLOWED_KEYS)),
+            {"field": unknown[0], "outcome": "bad_input"},
         )
     return settings
 

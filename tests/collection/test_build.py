@@ -115,6 +115,8 @@ def test_execution_environment_definition_builds_a_context(installed, tmp_path, 
     assert "No matches" not in result.stdout, result.stdout
     containerfile = (context / "Containerfile").read_text()
     assert "ansible-core==2.19.14" in containerfile
+    assert "pip install --no-cache-dir --no-deps" in containerfile
+    assert "/ansible_collections/zerolayer/fleet/cli" in containerfile, "the zerolayer command"
     shipped = list((context / "_build").rglob(tarball.name))
     assert shipped, "the collection tarball is not in the build context"
 
@@ -178,3 +180,49 @@ def test_installed_rollback_runs_by_its_full_name(installed, tmp_path, tool):
     facts = json.loads(report.read_text())
     assert (facts["mode"], facts["nodes_total"], facts["nodes_confirmed"]) == ("fast", 1, 0)
     assert facts["not_confirmed"] == ["localhost"]
+
+
+def test_the_zerolayer_package_runs_the_installed_collection_s_command(installed, tmp_path):
+    """cli/ (shipped in the collection) pip-installs a `zerolayer` console command that finds
+    the collection where Ansible finds it: here the installed copy, run outside the checkout
+    with no ansible.cfg."""
+    _, collections, env = installed
+    shipped = collections / "ansible_collections" / "zerolayer" / "fleet" / "cli"
+    site = tmp_path / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(shipped)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+    command = site / "bin" / "zerolayer"
+    assert command.exists(), sorted(p.name for p in site.iterdir())
+    run_env = dict(env, PYTHONPATH=str(site))
+    version = subprocess.run(
+        [str(command), "--version"], env=run_env, cwd=tmp_path, capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    manifest = json.loads((shipped.parent / "MANIFEST.json").read_text())
+    assert version.stdout.strip() == "zerolayer %s" % manifest["collection_info"]["version"], (
+        version.stdout + version.stderr
+    )
+    # The module the entry point ran is the installed collection's, not this checkout's.
+    which = (
+        "import zerolayer_cli; zerolayer_cli.main(['config', '--endpoints', 'https://e:2379']); "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli; "
+        "print(rollout_cli.__file__)"
+    )
+    where = subprocess.run(
+        [sys.executable, "-c", which], env=run_env, cwd=tmp_path, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert where.stdout.strip().splitlines()[-1].startswith(str(collections)), (
+        where.stdout + where.stderr
+    )
+    nowhere = subprocess.run(
+        [str(command), "config"], env=dict(run_env, ANSIBLE_COLLECTIONS_PATH=str(tmp_path / "no")),
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert nowhere.returncode == 2 and "collection is not installed" in nowhere.stderr, (
+        nowhere.stderr
+    )

@@ -219,6 +219,9 @@ def completed(store, rollout_id, created_at, epoch=0):
         record, _c = rollout.apply(record, "stage_started", {"stage": index}, created_at, "r")
         record, _c = rollout.apply(record, "hold_started", {}, created_at, "r")
         record, _c = rollout.apply(record, "stage_completed", {}, created_at, "r")
+    read_back = {"weight": 100, "generation": 9}
+    confirmed = {"nodes": {"n1": read_back, "n2": read_back}}
+    record, _c = rollout.apply(record, "weight_confirmed", confirmed, created_at, "r")
     record, _c = rollout.apply(record, "completed", {}, created_at, "r")
     records.write(record, 0)
     assert record["outcome"] == "completed"
@@ -239,6 +242,18 @@ def test_a_completed_rollout_rolled_back_since_never_reads_completed(store):
     text = rollout_cli.render_status(report)
     assert "rolled back" in text and "rolled back at epoch 1 by oncall@laptop" in text
     assert " completed " not in text
+    # What the nodes' watchers read back after that fence: n1 confirmed at 0, n2 silent.
+    assert row["nodes_after_rollback"] == {"n1": {"confirmed": False}, "n2": {"confirmed": False}}
+    store.client.put(
+        store.key("acks", "n1"),
+        {"node": "n1", "epoch": 1, "action": "fast", "confirmed": True,
+         "read_back": {"weights_bp": {"chat": 0, "embed": 0}}},
+    )  # fmt: skip
+    report = rollout_ops.status(store, "chat-old")
+    after = report["rollouts"]["chat-old"]["wave_all"]["nodes_after_rollback"]
+    assert after["n1"] == {"confirmed": True, "epoch": 1, "weights_bp": {"chat": 0, "embed": 0}}
+    assert after["n2"] == {"confirmed": False}
+    assert "nodes since: n1 0% (epoch 1), n2 not confirmed" in rollout_cli.render_status(report)
     # Without an id: only the rollouts in progress; the finished ones are counted.
     everything = rollout_ops.status(store)
     assert set(everything["rollouts"]) == set(), "chat-now was fenced by the raise too"

@@ -95,6 +95,14 @@ def test_a_named_file_that_cannot_be_read_is_an_error_not_a_fallback(tmp_path, h
     assert caught.value.details == {"field": "store_config", "outcome": "bad_input"}
 
 
+def test_a_misspelt_key_is_named_with_the_allowed_ones(tmp_path, home):
+    path = write(tmp_path / "store.json", {**SETTINGS, "ca-file": "/pki/ca.pem"})
+    with pytest.raises(FleetError) as caught:
+        store_settings.find(path, [], {}, home, PLAYBOOKS, run=no_inventory)
+    assert "unknown key ca-file" in caught.value.message and "ca_file" in caught.value.message
+    assert caught.value.details == {"field": "ca-file", "outcome": "bad_input"}
+
+
 def test_nothing_found_names_every_place_looked_at(tmp_path, home):
     def empty_inventory(argv, **_kwargs):
         return subprocess.CompletedProcess(argv, 0, 'localhost | SUCCESS => {"msg": {}}', "")
@@ -186,7 +194,9 @@ def test_version_and_config_by_the_command_itself(tmp_path):
     with open(os.path.join(REPO, "galaxy.yml")) as handle:
         expected = [line.split(":", 1)[1].strip() for line in handle if line.startswith("version:")]
     assert version.stdout.strip() == "zerolayer %s" % expected[0]
-    path = write(tmp_path / "store.json", {**SETTINGS, "password": SECRET})
+    password_file = tmp_path / "controller.password"
+    password_file.write_text(SECRET)
+    path = write(tmp_path / "store.json", {**SETTINGS, "password_file": str(password_file)})
     shown = subprocess.run(
         [*command, "config", "--store-config", path, "-o", "json"],
         capture_output=True, text=True, timeout=60, check=True,
