@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -296,16 +297,25 @@ def test_a_runner_that_lost_its_lease_writes_no_further_weight(
 ):
     """The runner's lease goes (revoked here, as etcd does when a partition outlasts the
     TTL): at its next stage it finds it no longer owns the scope and stops before writing."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
-        store_from_params,
-    )
-
     client = load("lease-lost")
     rollout_id, runner = holding_runner(fleet, records, store_config, "store-lost")
-    store = store_from_params(json.loads(store_config.read_text()))
-    holder = store.owner("gpu_nodes")
+    holder = zerolayer(store_config, "rollout", "status")[1]["owners"]["gpu_nodes"]
     assert holder["rollout_id"] == rollout_id, holder
-    store.client.revoke_lease(holder["lease"])
+    # What etcd does when the lease's TTL runs out: the lease and the owner key go.
+    revoke = (
+        "import json, sys\n"
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import "
+        "store_from_params\n"
+        "store = store_from_params(json.load(open(sys.argv[1])))\n"
+        "lease = store.owner('gpu_nodes')['lease']\n"
+        "store.client.revoke_lease(lease)\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", revoke, str(store_config)],
+        env=dict(fleet.env, PYTHONPATH=str(REPO / ".collections")),
+        check=True, timeout=60,
+    )  # fmt: skip
+    assert "gpu_nodes" not in zerolayer(store_config, "rollout", "status")[1]["owners"]
     # End the hold, so that the runner goes on to its next stage's write at once.
     status, _result, err = zerolayer(store_config, "rollout", "promote", rollout_id)
     assert status == 0, err
