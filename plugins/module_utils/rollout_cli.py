@@ -42,6 +42,7 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     node_artifact,
     notify,
+    rollout,
     rollout_events,
     rollout_ops,
     rollout_timeline,
@@ -271,15 +272,7 @@ def _store_settings(args):
     return store_settings.find(
         args.store_config,
         args.inventory,
-        {
-            "endpoints": args.endpoints,
-            "ca_file": args.ca_file,
-            "cert_file": args.cert_file,
-            "key_file": args.key_file,
-            "user": args.user,
-            "password_file": args.password_file,
-            "prefix": args.prefix,
-        },
+        {key: getattr(args, key) for key in store_settings.KEYS},
         os.environ,
         os.path.join(REPO, "playbooks"),
     )
@@ -418,15 +411,16 @@ def render_list(listing):
     return "\n".join(lines)
 
 
-SINCE_UNITS = {"m": 60, "h": 3600, "d": 86400}
-
-
 def parse_since(value, now=None):
-    """--since: a duration back from now (30m, 6h, 7d) or a moment (ISO 8601)."""
+    """--since: a duration back from now (30m, 6h, 7d, as a schedule's holds are written) or
+    a moment (ISO 8601, or Unix seconds when all digits)."""
     now = now or utc_now()
     text = (value or "").strip()
-    if text[:-1].isdigit() and text[-1:] in SINCE_UNITS:
-        return now - datetime.timedelta(seconds=int(text[:-1]) * SINCE_UNITS[text[-1]])
+    if text and not text.isdigit():
+        try:
+            return now - datetime.timedelta(seconds=rollout.parse_duration(text, "since"))
+        except FleetError:
+            pass  # not a duration: perhaps a moment
     try:
         return parse_timestamp(text, "since")
     except FleetError:

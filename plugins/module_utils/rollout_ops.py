@@ -101,13 +101,19 @@ def in_progress(waves):
     )
 
 
-def _all_rollouts(store, fence, now):
+def _rollouts_status(store, fence, now, rollout_id=None):
+    """{rollout_id: {wave: standing}} of one rollout (unknown ids refused, naming the known),
+    or of every rollout, from one read of the records."""
+    if rollout_id:
+        found = {rollout_id: waves_of(store, rollout_id)}
+    else:
+        found = {}
+        for name, record in list_records(store).items():
+            one, wave = name.split("/", 1)
+            found.setdefault(one, {})[wave] = record
     return {
-        one: {
-            wave: _wave_status(record, fence, now)
-            for wave, record in sorted(waves_of(store, one).items())
-        }
-        for one in rollout_ids(store)
+        one: {wave: _wave_status(record, fence, now) for wave, record in sorted(waves.items())}
+        for one, waves in sorted(found.items())
     }
 
 
@@ -116,16 +122,10 @@ def status(store, rollout_id=None, scope=None):
     in progress (the finished ones are counted; rollouts() lists them)."""
     now = utc_now()
     fence = store.fence()
+    every = _rollouts_status(store, fence, now, rollout_id)
     if rollout_id:
-        rollouts = {
-            rollout_id: {
-                wave: _wave_status(record, fence, now)
-                for wave, record in sorted(waves_of(store, rollout_id).items())
-            }
-        }
-        finished = None
+        rollouts, finished = every, None
     else:
-        every = _all_rollouts(store, fence, now)
         rollouts = {one: waves for one, waves in every.items() if in_progress(waves)}
         finished = len(every) - len(rollouts)
     owners = {}
@@ -171,7 +171,7 @@ def rollouts(store, limit=20, since=None):
     now = utc_now()
     fence = store.fence()
     rows = []
-    for one, waves in _all_rollouts(store, fence, now).items():
+    for one, waves in _rollouts_status(store, fence, now).items():
         created = min((row["created_at"] or "") for row in waves.values())
         if since is not None and created and parse_timestamp(created, "created_at") < since:
             continue
