@@ -327,6 +327,71 @@ def _previous_summary(record):
     }
 
 
+# The progress deadline (canary_progress_deadline): a wave with no recorded progress and
+# no live owner for that long is stuck. "auto" is the longest hold of the schedule plus
+# this many gate intervals: a runner that is alive writes at least once per hold.
+PROGRESS_DEADLINE_AUTO = "auto"
+PROGRESS_DEADLINE_INTERVALS = 3
+PROGRESS_DEADLINE_FIELD = "canary_progress_deadline"
+
+
+def progress_deadline(schedule, setting, gate_interval_s, abort=False):
+    """{"deadline_s", "abort"} for a normalised schedule; refuses a deadline of 0 or less.
+
+    setting is "auto" (or None) or a duration above 0 (7200, "2h", "90m").
+    """
+    if (
+        isinstance(gate_interval_s, bool)
+        or not isinstance(gate_interval_s, int)
+        or (gate_interval_s < 1)
+    ):
+        raise FleetError(
+            "canary_gate_interval must be whole seconds >= 1; got %r" % (gate_interval_s,),
+            {"field": "canary_gate_interval"},
+        )
+    if not isinstance(abort, bool):
+        raise FleetError(
+            "canary_progress_deadline_abort must be true or false; got %r" % (abort,),
+            {"field": "canary_progress_deadline_abort"},
+        )
+    if setting is None or setting == PROGRESS_DEADLINE_AUTO:
+        longest = max(stage["hold_s"] for stage in schedule)
+        seconds = longest + PROGRESS_DEADLINE_INTERVALS * gate_interval_s
+    else:
+        allowed = "%s, or %s, above 0" % (PROGRESS_DEADLINE_AUTO, DURATION_ALLOWED)
+        try:
+            seconds = parse_duration(setting, PROGRESS_DEADLINE_FIELD)
+        except FleetError:
+            seconds = None
+        if not seconds:
+            raise FleetError(
+                "%s must be %s; got %r" % (PROGRESS_DEADLINE_FIELD, allowed, setting),
+                {"field": PROGRESS_DEADLINE_FIELD},
+            )
+    return {"deadline_s": seconds, "abort": abort}
+
+
+def progress_state(record, owned, now):
+    """Whether a wave is stuck: {"deadline_s", "abort", "last_progress_at", "idle_s", "stuck"}.
+
+    Progress is any record write (updated_at). A wave is stuck when it is running (not
+    paused, not finished), no runner owns its rollout (owned: a live owner key names it),
+    and nothing was recorded for longer than its deadline. A record planned before the
+    deadline existed has none (deadline_s None) and is never stuck.
+    """
+    settings = record.get("progress_deadline") or {}
+    deadline = settings.get("deadline_s")
+    idle = seconds_between(parse_timestamp(record["updated_at"], "updated_at"), now)
+    running = record["outcome"] == "running" and not record.get("paused")
+    return {
+        "deadline_s": deadline,
+        "abort": bool(settings.get("abort")),
+        "last_progress_at": record["updated_at"],
+        "idle_s": round(idle, 3),
+        "stuck": bool(running and not owned and deadline and idle > deadline),
+    }
+
+
 def _validate_epoch(epoch):
     if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
         raise FleetError(
@@ -360,13 +425,26 @@ def _fenced_resume(record, epoch, take_epoch, now, actor):
     return record, True
 
 
-def plan(existing, rollout_id, schedule, gates, restart, now, actor, epoch=None, take_epoch=False):
+def plan(
+    existing,
+    rollout_id,
+    schedule,
+    gates,
+    restart,
+    now,
+    actor,
+    epoch=None,
+    take_epoch=False,
+    progress=None,
+):
     """Create or load the record; returns (record, changed, note).
 
     Everything is validated first. A finished rollout with the same id is returned
     unchanged (a re-run converges); one in progress resumes, and a different schedule
     for it is refused unless restart is true. epoch is the fleet's fence epoch now: a new
     record keeps it, and a rollout that took an older one is refused unless take_epoch.
+    progress is a progress_deadline() result (None: the record keeps what it has); a
+    rollout in progress takes a changed one without a transition (it is no progress).
     """
     validate_rollout_id(rollout_id)
     _validate_epoch(epoch)
@@ -375,12 +453,14 @@ def plan(existing, rollout_id, schedule, gates, restart, now, actor, epoch=None,
     if existing is None:
         record = new_record(rollout_id, normalised, gate_data, now, actor)
         record["fence_epoch"] = epoch
+        record["progress_deadline"] = progress
         return record, True, "created"
     same_id = existing["rollout_id"] == rollout_id
     finished = existing["outcome"] in FINISHED
     if restart or (finished and not same_id):
         record = new_record(rollout_id, normalised, gate_data, now, actor)
         record["fence_epoch"] = epoch
+        record["progress_deadline"] = progress
         record["previous"] = _previous_summary(existing)
         return record, True, "restarted" if restart else "created"
     if not same_id:
@@ -409,13 +489,17 @@ def plan(existing, rollout_id, schedule, gates, restart, now, actor, epoch=None,
             ),
             {"field": "schedule"},
         )
-    existing, epoch_taken = _fenced_resume(existing, epoch, take_epoch, now, actor)
+    existing, changed = _fenced_resume(existing, epoch, take_epoch, now, actor)
+    if progress is not None and progress != existing.get("progress_deadline"):
+        existing = copy.deepcopy(existing)
+        existing["progress_deadline"] = progress
+        changed = True
     if gate_data is not None and gate_data != existing.get("gates"):
         record = copy.deepcopy(existing)
         record["gates"] = gate_data
         _transition(record, "gates_changed", now, actor)
         return record, True, "resumed"
-    return existing, epoch_taken, "resumed"
+    return existing, changed, "resumed"
 
 
 def _require_active(record, action):

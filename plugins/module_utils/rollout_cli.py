@@ -336,6 +336,8 @@ def render_status(report):
                     nodes or "-",
                 )
             )
+            if row["progress"]["stuck"]:
+                lines.append("%-28s   %s" % ("", _stuck_line(row["progress"])))
             if row["rolled_back_by"]:
                 lines.append("%-28s   %s" % ("", _rolled_back_line(row["rolled_back_by"])))
                 after = row.get("nodes_after_rollback") or {}
@@ -356,9 +358,22 @@ def render_status(report):
 def _outcome_word(row):
     if row["fenced"]:
         return "fenced"
+    if row["progress"]["stuck"]:
+        return "STUCK"
     if row.get("rolled_back_by"):
         return "rolled back"
     return row["outcome"]
+
+
+def _stuck_line(progress):
+    return "stuck: no progress since %s (%ds, deadline %ds) and no runner owns it; %s" % (
+        progress["last_progress_at"],
+        progress["idle_s"],
+        progress["deadline_s"],
+        "its record asks the store's exporter to abort it"
+        if progress["abort"]
+        else "resume it (canary.yml) or abort it (zerolayer rollout abort)",
+    )
 
 
 def _rolled_back_line(fence):
@@ -527,6 +542,22 @@ def _report(args, store):
     return EXIT_OK
 
 
+def redraw(shown, lines):
+    """What a terminal is sent to show lines where it shows `shown` (None: nothing yet):
+    the whole screen the first time, then only the lines that changed, each rewritten in
+    place (a watch over a slow link or a screen reader hears the change, not the page)."""
+    if shown is None:
+        return "\x1b[2J\x1b[H" + "\n".join(lines) + "\n"
+    out = []
+    for row, line in enumerate(lines):
+        if row >= len(shown) or shown[row] != line:
+            out.append("\x1b[%d;1H\x1b[2K%s" % (row + 1, line))
+    if len(lines) < len(shown):
+        out.append("\x1b[%d;1H\x1b[J" % (len(lines) + 1))
+    out.append("\x1b[%d;1H" % (len(lines) + 1))
+    return "".join(out)
+
+
 def _emit(args, payload, text):
     if args.output == "json":
         sys.stdout.write(json.dumps(payload, sort_keys=True) + "\n")
@@ -555,12 +586,16 @@ def run(argv):
     store = _store(args)
     verb = args.verb
     if verb == "status":
-        draws = 0
+        draws, shown = 0, None
         while True:
             report = rollout_ops.status(store, args.rollout_id)
             if args.watch and args.output == "table":
-                sys.stdout.write("\x1b[2J\x1b[H")
-            _emit(args, report, render_status(report))
+                lines = render_status(report).split("\n")
+                sys.stdout.write(redraw(shown, lines))
+                sys.stdout.flush()
+                shown = lines
+            else:
+                _emit(args, report, render_status(report))
             draws += 1
             if not args.watch or (args.count and draws >= args.count):
                 return EXIT_OK

@@ -48,6 +48,7 @@ EVENT_TYPES = {
     "aborted": "a person aborted the rollout",
     "rolled_back": "the rollout's own runner rolled back after a gate failed",
     "completed": "the wave reached its last stage and is done",
+    "stuck": "a running wave had no progress and no runner past its progress deadline",
     "fleet_rolled_back": "a fleet rollback (fast or deep) finished, with its measured time",
     "engine_upgraded": "an engine was replaced by socket swap",
     "engine_swapped_back": "an engine upgrade was undone: the old engine serves again",

@@ -65,7 +65,8 @@ def waves_of(store, rollout_id, wave=None):
     return found
 
 
-def _wave_status(record, fence, now):
+def _wave_status(record, fence, now, owned=False):
+    """One wave's standing; owned: a live runner holds a scope for its rollout."""
     summary = rollout.summary(record, now)
     taken = record.get("fence_epoch")
     summary["fence_epoch_taken"] = taken
@@ -87,6 +88,7 @@ def _wave_status(record, fence, now):
     if isinstance(gates, list):
         gates = {gate.get("name"): gate.get("verdict") for gate in gates if isinstance(gate, dict)}
     summary["last_gates"] = dict(gates)
+    summary["progress"] = rollout.progress_state(record, owned, now)
     return summary
 
 
@@ -101,7 +103,7 @@ def in_progress(waves):
     )
 
 
-def _rollouts_status(store, fence, now, rollout_id=None):
+def _rollouts_status(store, fence, now, rollout_id=None, owned=frozenset()):
     """{rollout_id: {wave: standing}} of one rollout (unknown ids refused, naming the known),
     or of every rollout, from one read of the records."""
     if rollout_id:
@@ -112,7 +114,10 @@ def _rollouts_status(store, fence, now, rollout_id=None):
             one, wave = name.split("/", 1)
             found.setdefault(one, {})[wave] = record
     return {
-        one: {wave: _wave_status(record, fence, now) for wave, record in sorted(waves.items())}
+        one: {
+            wave: _wave_status(record, fence, now, one in owned)
+            for wave, record in sorted(waves.items())
+        }
         for one, waves in sorted(found.items())
     }
 
@@ -122,17 +127,19 @@ def status(store, rollout_id=None, scope=None):
     in progress (the finished ones are counted; rollouts() lists them)."""
     now = utc_now()
     fence = store.fence()
-    every = _rollouts_status(store, fence, now, rollout_id)
-    if rollout_id:
-        rollouts, finished = every, None
-    else:
-        rollouts = {one: waves for one, waves in every.items() if in_progress(waves)}
-        finished = len(every) - len(rollouts)
     owners = {}
     for kv in store.client.get_prefix(store.key("owners", "")):
         holder = kv.json()
         holder["ttl_left_s"] = store.client.lease_ttl(kv.lease) if kv.lease else -1
         owners[kv.key[len(store.key("owners", "")) :]] = holder
+    # A live owner holds the rollout: no wave of it is stuck, whatever its last write.
+    owned = {h.get("rollout_id") for h in owners.values() if h["ttl_left_s"] >= 0}
+    every = _rollouts_status(store, fence, now, rollout_id, owned)
+    if rollout_id:
+        rollouts, finished = every, None
+    else:
+        rollouts = {one: waves for one, waves in every.items() if in_progress(waves)}
+        finished = len(every) - len(rollouts)
     if scope is not None:
         owners = {name: holder for name, holder in owners.items() if name == scope}
     _add_nodes_after_rollback(store, fence, rollouts)

@@ -12,6 +12,9 @@ zerolayer-store-exporter, run on each member of the store by the rollout_store r
   store_state() what those keys say, per wave (pure)
   render()      the exposition text of that state (pure, exposition.py's samples)
   serve()       the HTTP server: one look at the store per scrape
+  watch_deadlines()  every few seconds, each wave past its progress deadline announced
+                once (an event to the notification sinks) and, where its record asks and
+                this exporter may, aborted
 
 A key the exporter does not understand (a record of another format, an owner that is not
 JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the other waves
@@ -22,11 +25,23 @@ nothing else: an outage must not look like "no rollout, no owner".
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import threading
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition, rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    exposition,
+    notify,
+    rollout,
+    rollout_events,
+    rollout_ops,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+    format_timestamp,
+    parse_timestamp,
+    utc_now,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     validate_record_key,
 )
@@ -56,6 +71,12 @@ _HELP = {
     "granted with (canary_owner_ttl)",
     "zerolayer_rollout_store_wave_fence_epoch": "The fence epoch the wave took when it was "
     "planned or resumed (a running wave below the fleet's was fenced by a rollback)",
+    "zerolayer_rollout_store_wave_last_progress_timestamp_seconds": "Unix time of the wave's "
+    "last record write (its last recorded progress)",
+    "zerolayer_rollout_store_wave_progress_deadline_seconds": "How long the wave may go "
+    "without progress and without an owner before it is stuck (canary_progress_deadline)",
+    "zerolayer_rollout_store_wave_stuck": "1 while the wave is running with no live owner and "
+    "no recorded progress for longer than its progress deadline",
 }
 
 
@@ -85,10 +106,10 @@ def read_store(store):
     return {"fence": None if fence is None else fence.value, "owners": owners, "records": records}
 
 
-def collect(store):
+def collect(store, now=None):
     """store_state() of one look at the store, or {"up": False, "error"} when it failed."""
     try:
-        state = store_state(read_store(store))
+        state = store_state(read_store(store), now)
     except FleetError as exc:  # StoreUnavailable, or the store refused (permission denied)
         state = {"up": False, "error": exc.message}
     state["node_artifact"] = exposition.node_artifact_version()
@@ -158,7 +179,7 @@ def paused_since(record):
     return parse_timestamp(at, "transitions[].at").timestamp()
 
 
-def wave_state(record_key, record, owners):
+def wave_state(record_key, record, owners, now):
     """The exported view of one wave's decoded record; owners from _owners_by_rollout."""
     rollout_id, wave = validate_record_key(record_key).split("/", 1)
     outcome = record["outcome"]
@@ -177,11 +198,20 @@ def wave_state(record_key, record, owners):
         lease_ttl_s=owner[1] if owner else None,
         fence_epoch=taken if isinstance(taken, int) and not isinstance(taken, bool) else None,
     )
+    # A key left with no lease (-1) or one that expired is no live owner.
+    progress = rollout.progress_state(record, owner is not None and owner[0] >= 0, now)
+    state.update(
+        last_progress=parse_timestamp(progress["last_progress_at"], "updated_at").timestamp(),
+        deadline_s=progress["deadline_s"],
+        stuck=progress["stuck"],
+        abort_when_stuck=progress["abort"],
+    )
     return state
 
 
-def store_state(raw):
-    """What read_store()'s keys say: {up, fence_epoch, unreadable, waves: [wave_state]}."""
+def store_state(raw, now=None):
+    """What read_store()'s keys say at now: {up, fence_epoch, unreadable, waves: [wave_state]}."""
+    now = now or utc_now()
     owners, unreadable = _owners_by_rollout(raw["owners"])
     fence_epoch = _fence_epoch(raw["fence"])
     if fence_epoch is None:
@@ -192,7 +222,7 @@ def store_state(raw):
             record = rollout.decode_record(
                 value.decode() if isinstance(value, bytes) else value, record_key
             )
-            waves.append(wave_state(record_key, record, owners))
+            waves.append(wave_state(record_key, record, owners, now))
         except (FleetError, KeyError, IndexError, TypeError, ValueError, AttributeError):
             unreadable += 1
     return {"up": True, "fence_epoch": fence_epoch, "unreadable": unreadable, "waves": waves}
@@ -265,7 +295,120 @@ def render(state):
         lambda wave: wave["fence_epoch"],
         lambda wave: unfinished(wave) and wave["fence_epoch"] is not None,
     )
+    per_wave(
+        "zerolayer_rollout_store_wave_last_progress_timestamp_seconds",
+        lambda wave: wave["last_progress"],
+        unfinished,
+    )
+    per_wave(
+        "zerolayer_rollout_store_wave_progress_deadline_seconds",
+        lambda wave: wave["deadline_s"],
+        lambda wave: unfinished(wave) and wave["deadline_s"] is not None,
+    )
+    per_wave("zerolayer_rollout_store_wave_stuck", lambda w: 1 if w["stuck"] else 0, unfinished)
     return "\n".join(lines) + "\n"
+
+
+# The progress deadline: who announces a stuck wave, and aborts it where asked
+#
+# Every member's exporter looks; the event's key names the wave and its last progress, and
+# is created only where absent, so of all members exactly one announces each episode (a
+# wave that moves and sticks again is a new one), and only that one aborts.
+
+DEADLINE_WATCH_INTERVAL_S = 10.0
+
+
+def _stuck_event_key(store, record_key, last_progress_at):
+    rollout_id, wave = record_key.split("/", 1)
+    stamp = last_progress_at.replace("-", "").replace(":", "")
+    return store.key("events", rollout_id, "%s.stuck.%s" % (wave, stamp))
+
+
+def _stuck_event(record_key, record, progress, now, actor, action):
+    rollout_id, wave = record_key.split("/", 1)
+    summary = rollout.summary(record, now)
+    return rollout_events.event(
+        "stuck",
+        rollout_id,
+        format_timestamp(now),
+        actor,
+        wave=wave,
+        stage=summary["stage_number"],
+        weight=summary["weight"],
+        nodes=list(record.get("nodes") or {}),
+        reason="no progress for %ds (deadline %ds) and no runner owns it"
+        % (progress["idle_s"], progress["deadline_s"]),
+        last_progress_at=progress["last_progress_at"],
+        deadline_s=progress["deadline_s"],
+        action=action,
+    )
+
+
+def watch_deadlines(store, may_abort=False, now=None, actor=None, post=None):
+    """One look for stuck waves; each announced once and, when its record asks for it
+    (canary_progress_deadline_abort) and may_abort, its rollout aborted (the fence raised:
+    every node's watcher puts it at weight 0). Returns [{record_key, action}] of what this
+    call announced; the notification sinks are sent the events before it returns."""
+    now = now or utc_now()
+    actor = actor or "zerolayer-store-exporter@%s" % socket.gethostname()
+    raw = read_store(store)
+    owners, _unreadable = _owners_by_rollout(raw["owners"])
+    announced = []
+    for record_key, value in sorted(raw["records"]):
+        try:
+            record = rollout.decode_record(
+                value.decode() if isinstance(value, bytes) else value, record_key
+            )
+            rollout_id = validate_record_key(record_key).split("/", 1)[0]
+        except (FleetError, TypeError, ValueError):
+            continue  # counted as unreadable by the scrape
+        owner = owners.get(rollout_id)
+        progress = rollout.progress_state(record, owner is not None and owner[0] >= 0, now)
+        if not progress["stuck"]:
+            continue
+        action = "abort" if progress["abort"] and may_abort else "announce"
+        if progress["abort"] and not may_abort:
+            action = "announce (abort asked, but this exporter may not abort)"
+        entry = _stuck_event(record_key, record, progress, now, actor, action)
+        key = _stuck_event_key(store, record_key, progress["last_progress_at"])
+        taken, _revision = store.client.put_if(key, json.dumps(entry), 0)
+        if not taken:
+            continue  # another member announced this episode
+        if action == "abort":
+            rollout_ops.abort(
+                store, rollout_id, "stuck past its progress deadline (%ss)"
+                % progress["deadline_s"], actor,
+            )  # fmt: skip
+        announced.append({"record_key": record_key, "action": action})
+    if announced:
+        notify.send_now(store, **({"post": post} if post else {}))
+    return announced
+
+
+class DeadlineWatch(threading.Thread):
+    """watch_deadlines() every interval until stop(); a failure is logged when it changes."""
+
+    def __init__(self, store, may_abort, interval_s=DEADLINE_WATCH_INTERVAL_S, log=None):
+        super().__init__(name="deadline-watch", daemon=True)
+        self.store, self.may_abort, self.interval_s = store, may_abort, interval_s
+        self.log = log or (lambda line: sys.stderr.write(line + "\n"))
+        self.stopped = threading.Event()
+        self.last_error = None
+
+    def run(self):
+        while not self.stopped.wait(self.interval_s):
+            try:
+                for done in watch_deadlines(self.store, self.may_abort):
+                    self.log("stuck: %s, %s" % (done["record_key"], done["action"]))
+                error = None
+            except FleetError as exc:
+                error = exc.message
+            if error != self.last_error:
+                self.log("deadline watch: %s" % (error or "store read again"))
+                self.last_error = error
+
+    def stop(self):
+        self.stopped.set()
 
 
 # Settings
@@ -328,14 +471,20 @@ def make_handler(read_state):
     return exposition.metrics_handler(lambda: render(read_state()), "zerolayer-store-exporter")
 
 
-def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None):
-    """Serve /metrics until interrupted; ready(server) is called once it listens."""
+def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None, watch=None):
+    """Serve /metrics until interrupted; ready(server) is called once it listens.
+
+    watch: a DeadlineWatch run beside the server (None: no deadline watch)."""
     server = exposition.metrics_server(address, port, make_handler(StoreReader(store)))
+    if watch is not None:
+        watch.start()
     try:
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
+        if watch is not None:
+            watch.stop()
         server.server_close()
 
 
@@ -366,6 +515,19 @@ def build_parser():
         help="seconds each request to the store may take (default: the settings' timeout, "
         "else 3); keep it below Prometheus' scrape timeout",
     )
+    parser.add_argument(
+        "--deadline-watch-interval",
+        type=float,
+        default=DEADLINE_WATCH_INTERVAL_S,
+        help="seconds between looks for waves stuck past their progress deadline, each "
+        "announced once to the notification sinks (default %(default)s; 0 turns it off)",
+    )
+    parser.add_argument(
+        "--abort-stuck",
+        action="store_true",
+        help="abort a stuck wave's rollout where its record asks for it "
+        "(canary_progress_deadline_abort); needs the store role that may raise the fence",
+    )
     return parser
 
 
@@ -376,8 +538,17 @@ def exporter_main(argv=None):
         parser.error("--port must be a TCP port number from 1 to 65535; got %d" % args.port)
     if args.timeout is not None and not args.timeout > 0:
         parser.error("--timeout must be a number of seconds above 0; got %s" % args.timeout)
+    if not args.deadline_watch_interval >= 0:
+        parser.error(
+            "--deadline-watch-interval must be seconds >= 0 (0: off); got %s"
+            % args.deadline_watch_interval
+        )
     try:
-        serve(store_from_config(args.store_config, args.timeout), args.listen_address, args.port)
+        store = store_from_config(args.store_config, args.timeout)
+        watch = None
+        if args.deadline_watch_interval > 0:
+            watch = DeadlineWatch(store, args.abort_stuck, args.deadline_watch_interval)
+        serve(store, args.listen_address, args.port, watch=watch)
     except (FleetError, OSError) as exc:
         message = getattr(exc, "message", None) or str(exc)
         sys.stderr.write("zerolayer-store-exporter: %s\n" % message)

@@ -126,6 +126,28 @@ options:
     description: With O(action=plan), resume a fenced rollout on purpose under the new O(epoch).
     type: bool
     default: false
+  progress_deadline:
+    description:
+      - With O(action=plan), how long a running wave may go without a record write while no
+        runner owns it before it counts as stuck (shown by C(zerolayer rollout status),
+        exported by the store's exporter, alerted on, announced as an event).
+      - V(auto) is the schedule's longest hold plus three O(gate_interval)s; otherwise whole
+        seconds above 0 or a string such as V(2h), V(90m).
+      - Kept in the record, so every reader judges the wave by the same deadline.
+    type: raw
+    default: auto
+  progress_deadline_abort:
+    description:
+      - With O(action=plan), whether a wave found stuck is aborted by the store's exporter
+        (a fast rollback of its nodes under a new fence epoch) instead of only announced.
+    type: bool
+    default: false
+  gate_interval:
+    description:
+      - With O(action=plan), the seconds between gate evaluations, for
+        O(progress_deadline=auto).
+    type: int
+    default: 60
   stage:
     description: Stage index for O(action=stage_started) and O(point=verdict), from 0.
     type: int
@@ -367,6 +389,19 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_n
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_options
 
 
+def _progress(params):
+    """The plan's progress deadline, from the normalised schedule it is judged against."""
+    schedule = rollout.validate_schedule(
+        rollout.DEFAULT_SCHEDULE if params["schedule"] is None else params["schedule"]
+    )
+    return rollout.progress_deadline(
+        schedule,
+        params.get("progress_deadline", rollout.PROGRESS_DEADLINE_AUTO),
+        params.get("gate_interval", 60),
+        params.get("progress_deadline_abort", False),
+    )
+
+
 def run(params, check_mode):
     """Work out the new record, write it outside check mode; returns the result dict."""
     now = utc_now()
@@ -395,6 +430,7 @@ def run(params, check_mode):
                 actor,
                 epoch=params.get("epoch"),
                 take_epoch=params.get("take_epoch", False),
+                progress=_progress(params),
             )
         elif action == "status":
             after, changed = before, False
@@ -448,6 +484,9 @@ def main():
             restart=dict(type="bool", default=False),
             epoch=dict(type="int"),
             take_epoch=dict(type="bool", default=False),
+            progress_deadline=dict(type="raw", default=rollout.PROGRESS_DEADLINE_AUTO),
+            progress_deadline_abort=dict(type="bool", default=False),
+            gate_interval=dict(type="int", default=60),
             stage=dict(type="int"),
             nodes=dict(type="dict"),
             splits=dict(type="dict"),

@@ -169,7 +169,17 @@ def store_exporter_text():
     from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, store_exporter
 
     now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
-    running, _changed, _note = rollout.plan(None, "dash-1:w1", None, None, False, now, "sre@ctl", 2)
+    running, _changed, _note = rollout.plan(
+        None,
+        "dash-1:w1",
+        None,
+        None,
+        False,
+        now,
+        "sre@ctl",
+        2,
+        progress={"deadline_s": 600, "abort": False},
+    )
     paused, _changed = rollout.apply(running, "pause", {}, now, "sre@ctl")
     ended, _changed = rollout.apply(running, "rolled_back", {}, now, "sre@ctl")
     owner = {"host": "ctl", "pid": 1, "rollout_id": "dash-1", "ttl_s": 30}

@@ -5,7 +5,8 @@ node's rollout store, TLS and per-identity users) and under load with no failed 
 - a rollback with another (or no) rollout id fences the fleet: the holding runner stops,
   every node stays at 0, and a resume of it is refused until a new epoch is taken;
 - a second runner on the same hosts is refused naming the holder; a runner killed with
-  SIGKILL leaves its lease visible until it expires;
+  SIGKILL leaves its lease visible until it expires, and its wave is then stuck past its
+  progress deadline: status, one event from the store's exporter, the alert firing;
 - abort needs no healthy fleet: one node unreachable and one engine answering 500, every
   reachable node is back at 0.
 """
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -93,12 +95,40 @@ def wait_holding(fleet, store_config, rollout_id, process, timeout=240):
     pytest.fail("the runner never held:\n%s" % process.log_path.read_text()[-4000:])
 
 
-def holding_runner(fleet, records, store_config, name):
+def holding_runner(fleet, records, store_config, name, settings=HOLDING):
     """A canary of a rollout id of its own, in the background, once it holds its 5 % stage."""
     rollout_id = unique(name)
-    runner = fleet.canary(rollout_id, records, "-e", HOLDING, background=True)
+    runner = fleet.canary(rollout_id, records, "-e", settings, background=True)
     wait_holding(fleet, store_config, rollout_id, runner)
     return rollout_id, runner
+
+
+def wait_stuck_announced_and_alerted(fleet, store_config, rollout_id, timeout=120):
+    """(the rollout's `stuck` events, its firing ZerolayerRolloutStuck alert), once both are
+    there: the exporter looks every 10 s, the alert waits 30 s (`for`)."""
+    deadline = time.monotonic() + timeout
+    stuck, firing = [], None
+    while time.monotonic() < deadline:
+        status, listed, _err = zerolayer(store_config, "rollout", "events", rollout_id)
+        if status == 0:
+            stuck = [entry for entry in listed["events"] if entry["type"] == "stuck"]
+        alerts_url = fleet.prometheus_url + "/api/v1/alerts"  # http:// the fleet's Prometheus
+        with urllib.request.urlopen(alerts_url, timeout=10) as reply:  # noqa: S310
+            alerts = json.load(reply)["data"]["alerts"]
+        firing = next(
+            (
+                alert
+                for alert in alerts
+                if alert["labels"].get("alertname") == "ZerolayerRolloutStuck"
+                and alert["labels"].get("rollout_id") == rollout_id
+                and alert["state"] == "firing"
+            ),
+            None,
+        )
+        if stuck and firing:
+            return stuck, firing
+        time.sleep(2)
+    pytest.fail("stuck events %s, alert firing %s after %d s" % (stuck, firing, timeout))
 
 
 def wait_ended(process, timeout):
@@ -270,7 +300,9 @@ def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     fleet, records, baseline, store_config, load
 ):
     client = load("owner")
-    rollout_id, runner = holding_runner(fleet, records, store_config, "store-owner")
+    # A progress deadline of 5 s: once the dead runner's lease is gone, the wave is stuck.
+    stuck_after = json.dumps(dict(json.loads(HOLDING), canary_progress_deadline=5))
+    rollout_id, runner = holding_runner(fleet, records, store_config, "store-owner", stuck_after)
     second = fleet.canary(unique("store-other"), records, "-e", HOLDING)
     assert second.returncode != 0
     assert "held by another runner" in second.stdout and "rollout %s" % rollout_id in second.stdout
@@ -284,6 +316,14 @@ def test_one_runner_per_scope_and_a_killed_runner_lets_its_lease_expire(
     while "gpu_nodes" in zerolayer(store_config, "rollout", "status")[1]["owners"]:
         assert time.monotonic() < deadline, "the dead runner's lease never expired"
         time.sleep(1)
+    # No runner and no progress past the deadline: the status says stuck, one of the
+    # store's exporters announces it once, and the alert fires in the fleet's Prometheus.
+    wave = wave_status(store_config, rollout_id)
+    assert wave["progress"]["stuck"] and wave["progress"]["deadline_s"] == 5, wave
+    stuck, firing = wait_stuck_announced_and_alerted(fleet, store_config, rollout_id)
+    assert len(stuck) == 1 and stuck[0]["wave"] == "gpu_nodes", stuck
+    assert stuck[0]["actor"].startswith("zerolayer-store-exporter@"), stuck
+    assert firing["labels"]["severity"] == "critical", firing
     # A rollback since: the resumed run must not write the weight the fence forbids.
     assert fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records).returncode == 0
     resumed = fleet.canary(rollout_id, records, "-e", HOLDING)

@@ -14,7 +14,12 @@ import time
 import urllib.request
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, store_exporter
+from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    notify,
+    rollout,
+    rollout_events,
+    store_exporter,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
@@ -252,3 +257,82 @@ def test_the_server_reads_the_store_on_every_scrape(store):
         thread.join(10)
     assert first["zerolayer_rollout_store_wave_paused{%s}" % WAVE] == 0
     assert second["zerolayer_rollout_store_wave_paused{%s}" % WAVE] == 1
+
+
+def stuck_wave(store, abort, rollout_id="chat-s"):
+    """A wave planned an hour ago with a 60 s deadline, its runner gone: stuck now."""
+    records = StoreRecords(store, "%s/wave_canary" % rollout_id)
+    then = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    record, _c, _n = rollout.plan(
+        None, "%s:wave_canary" % rollout_id, SCHEDULE, None, False, then, "runner@ctl",
+        epoch=0, progress={"deadline_s": 60, "abort": abort},
+    )  # fmt: skip
+    record, _c = rollout.apply(record, "stage_started", {"stage": 0}, then, "runner@ctl")
+    records.write(record, 0)
+    return records
+
+
+def stuck_events(store, rollout_id="chat-s"):
+    return [
+        entry
+        for entry in rollout_events.list_events(store, rollout_id, with_fleet=False)
+        if entry["type"] == "stuck"
+    ]
+
+
+def test_a_stuck_wave_is_announced_once_by_all_members_and_reaches_the_sinks(
+    store, webhook_receiver
+):
+    notify.write_sinks(store, [{"name": "oncall", "url": webhook_receiver.url("/oncall")}])
+    records = stuck_wave(store, abort=False)
+    # Two members' exporters look at the same moment: one announces, the other finds it done.
+    first = store_exporter.watch_deadlines(store, actor="exporter@m1")
+    second = store_exporter.watch_deadlines(store, actor="exporter@m2")
+    assert first == [{"record_key": "chat-s/wave_canary", "action": "announce"}]
+    assert second == []
+    (event,) = stuck_events(store)
+    assert event["wave"] == "wave_canary" and event["stage"] == 1 and event["weight"] == 5
+    assert event["detail"]["deadline_s"] == 60 and "no runner owns it" in event["reason"]
+    # Sent before watch_deadlines returned, by the standard library's client.
+    (sent,) = [body for body in webhook_receiver.bodies("/oncall") if body["type"] == "stuck"]
+    assert sent["rollout_id"] == "chat-s" and sent["summary"].startswith("stuck: chat-s")
+    record, _token = records.read()
+    assert record["outcome"] == "running", "announced, not aborted (abort not asked)"
+    assert store.fence()["epoch"] == 0
+
+
+def test_progress_after_a_stuck_episode_makes_the_next_one_announced_again(store):
+    records = stuck_wave(store, abort=False)
+    assert store_exporter.watch_deadlines(store)
+    record, token = records.read()
+    long_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=30)
+    moved, _c = rollout.apply(record, "hold_started", {}, long_ago, "runner@ctl")
+    records.write(moved, token)
+    assert store_exporter.watch_deadlines(store), "a new episode (progress, then stuck again)"
+    assert len(stuck_events(store)) == 2
+
+
+def test_a_live_runner_keeps_a_wave_past_its_deadline_from_being_stuck(store):
+    stuck_wave(store, abort=True)
+    holder = store.acquire("gpu_nodes", runner_identity("chat-s"), 30)
+    try:
+        assert store_exporter.watch_deadlines(store, may_abort=True) == []
+    finally:
+        store.release("gpu_nodes", holder["lease"])
+    assert stuck_events(store) == [] and store.fence()["epoch"] == 0
+
+
+def test_a_stuck_wave_whose_record_asks_for_it_is_aborted_where_the_exporter_may(store):
+    records = stuck_wave(store, abort=True)
+    announced = store_exporter.watch_deadlines(store, may_abort=False)
+    assert announced[0]["action"].startswith("announce (abort asked")
+    assert records.read()[0]["outcome"] == "running" and store.fence()["epoch"] == 0
+
+    other = stuck_wave(store, abort=True, rollout_id="chat-t")
+    announced = store_exporter.watch_deadlines(store, may_abort=True, actor="exporter@m1")
+    assert announced == [{"record_key": "chat-t/wave_canary", "action": "abort"}]
+    fence = store.fence()
+    assert fence["epoch"] == 1 and fence["action"] == "abort" and fence["actor"] == "exporter@m1"
+    assert "progress deadline" in fence["reason"]
+    assert other.read()[0]["outcome"] == "aborted"
+    assert store_exporter.watch_deadlines(store, may_abort=True) == [], "aborted: not stuck"

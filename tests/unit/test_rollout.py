@@ -613,3 +613,71 @@ def test_a_paused_rollout_cannot_start_its_next_stage():
         step(record, "stage_started", 802, stage=1)
     assert refused.value.details["field"] == "action"
     assert "paused from another shell" in refused.value.message
+
+
+# ---------------------------------------------------------------- progress deadline
+
+
+def test_the_progress_deadline_auto_is_the_longest_hold_plus_three_intervals():
+    schedule = r.validate_schedule(SHORT)
+    assert r.progress_deadline(schedule, "auto", 60) == {"deadline_s": 780, "abort": False}
+    assert r.progress_deadline(schedule, None, 5, True) == {"deadline_s": 615, "abort": True}
+    assert r.progress_deadline(schedule, "90m", 60)["deadline_s"] == 5400
+    assert r.progress_deadline(schedule, 45, 60)["deadline_s"] == 45
+
+
+@pytest.mark.parametrize("value", [0, "0s", -5, "soon", True, [], "2x"])
+def test_a_deadline_of_zero_or_less_or_not_a_duration_is_refused(value):
+    with pytest.raises(FleetError) as error:
+        r.progress_deadline(r.validate_schedule(SHORT), value, 60)
+    assert error.value.details["field"] == "canary_progress_deadline"
+    assert "auto" in error.value.message and "above 0" in error.value.message
+
+
+@pytest.mark.parametrize(
+    "interval, abort, field",
+    [(0, False, "canary_gate_interval"), ("60", False, "canary_gate_interval"),
+     (60, "yes", "canary_progress_deadline_abort")],
+)  # fmt: skip
+def test_the_deadline_refuses_a_bad_interval_or_abort(interval, abort, field):
+    with pytest.raises(FleetError) as error:
+        r.progress_deadline(r.validate_schedule(SHORT), "auto", interval, abort)
+    assert error.value.details["field"] == field
+
+
+def test_plan_keeps_the_deadline_and_a_resume_takes_a_changed_one_without_a_transition():
+    progress = {"deadline_s": 780, "abort": False}
+    record, _changed, _note = r.plan(
+        None, "chat-1", SHORT, None, False, at(0), ME, progress=progress
+    )
+    assert record["progress_deadline"] == progress
+    _again, changed, note = r.plan(
+        record, "chat-1", SHORT, None, False, at(5), ME, progress=progress
+    )
+    assert (changed, note) == (False, "resumed")
+    longer = {"deadline_s": 3600, "abort": True}
+    resumed, changed, _note = r.plan(
+        record, "chat-1", SHORT, None, False, at(9), ME, progress=longer
+    )
+    assert changed and resumed["progress_deadline"] == longer
+    assert resumed["transitions"] == record["transitions"], "a setting, not progress"
+    assert resumed["updated_at"] == record["updated_at"]
+    kept, changed, _note = r.plan(resumed, "chat-1", SHORT, None, False, at(9), ME)
+    assert not changed and kept["progress_deadline"] == longer
+
+
+def test_progress_state_counts_from_the_last_record_write():
+    record, _changed, _note = r.plan(
+        None, "chat-1", SHORT, None, False, at(0), ME, progress={"deadline_s": 100, "abort": True}
+    )
+    record, _changed = step(record, "stage_started", 50, stage=0)
+    assert r.progress_state(record, False, at(150))["stuck"] is False
+    state = r.progress_state(record, False, at(151))
+    assert state == {
+        "deadline_s": 100,
+        "abort": True,
+        "last_progress_at": record["updated_at"],
+        "idle_s": 101.0,
+        "stuck": True,
+    }
+    assert r.progress_state(record, True, at(10_000))["stuck"] is False, "a live owner"

@@ -80,6 +80,10 @@ def test_running_wave_with_an_owner():
         "lease_remaining_s": 27,
         "lease_ttl_s": 30,
         "fence_epoch": 3,
+        "last_progress": T0.timestamp(),
+        "deadline_s": None,
+        "stuck": False,
+        "abort_when_stuck": False,
     }
     got = samples(se.render(state))
     assert got[("zerolayer_rollout_store_up", frozenset())] == 1
@@ -243,7 +247,7 @@ def test_every_family_has_help_and_type():
         raw(
             [
                 ("chat-a/wave_canary", encoded(record("x", (1, "pause", {})))),
-                ("chat-a/wave_rest", encoded(record())),
+                ("chat-a/wave_rest", encoded(deadlined())),
             ],
             [("gpu_nodes", owner(), 27)],
         )
@@ -373,3 +377,55 @@ def test_http_server_answers_metrics_and_404(monkeypatch):
         if servers:
             servers[0].shutdown()
         thread.join(10)
+
+
+def deadlined(deadline_s=600, *steps):
+    """A wave planned at T0 with a progress deadline, then steps (minutes, action, params)."""
+    wave = record("chat-a:wave_canary", *steps)
+    wave["progress_deadline"] = {"deadline_s": deadline_s, "abort": False}
+    return wave
+
+
+@pytest.mark.parametrize(
+    "minutes, owners, stuck",
+    [
+        (9, [], False),  # within the deadline
+        (11, [], True),  # past it, nobody owns the wave
+        (11, [("gpu_nodes", owner(), 20)], False),  # past it, a live runner holds the scope
+        (11, [("gpu_nodes", owner(), -1)], True),  # an owner key whose lease expired
+        (11, [("gpu_nodes", owner("chat-b"), 20)], True),  # another rollout's owner
+    ],
+)
+def test_a_wave_is_stuck_past_its_deadline_without_a_live_owner(minutes, owners, stuck):
+    now = T0 + datetime.timedelta(minutes=minutes)
+    state = se.store_state(raw([("chat-a/wave_canary", encoded(deadlined()))], owners), now)
+    (wave,) = state["waves"]
+    assert wave["stuck"] is stuck
+    got = samples(se.render(state))
+    assert got[("zerolayer_rollout_store_wave_stuck", wave_labels())] == (1 if stuck else 0)
+    assert got[("zerolayer_rollout_store_wave_progress_deadline_seconds", wave_labels())] == 600
+    assert (
+        got[("zerolayer_rollout_store_wave_last_progress_timestamp_seconds", wave_labels())]
+        == T0.timestamp()
+    )
+
+
+def test_progress_is_the_last_record_write_and_a_paused_wave_is_never_stuck():
+    moved = deadlined(600, (8, "stage_started", {"stage": 0}))
+    now = T0 + datetime.timedelta(minutes=17)
+    (wave,) = se.store_state(raw([("chat-a/wave_canary", encoded(moved))]), now)["waves"]
+    assert wave["stuck"] is False, "9 minutes since the stage started, within 10"
+    assert wave["last_progress"] == (T0 + datetime.timedelta(minutes=8)).timestamp()
+    paused = deadlined(600, (1, "pause", {"reason": "look"}))
+    later = T0 + datetime.timedelta(hours=5)
+    (wave,) = se.store_state(raw([("chat-a/wave_canary", encoded(paused))]), later)["waves"]
+    assert wave["stuck"] is False, "a pause waits for a person: not stuck"
+
+
+def test_a_wave_without_a_deadline_and_a_finished_wave_are_never_stuck():
+    later = T0 + datetime.timedelta(days=3)
+    (wave,) = se.store_state(raw([("chat-a/wave_canary", encoded(record()))]), later)["waves"]
+    assert (wave["deadline_s"], wave["stuck"]) == (None, False)
+    done = deadlined(60, (1, "rolled_back", {}))
+    text = se.render(se.store_state(raw([("chat-a/wave_canary", encoded(done))]), later))
+    assert "zerolayer_rollout_store_wave_stuck" not in text

@@ -51,3 +51,22 @@ def test_options_anywhere_and_nothing_after_the_verb():
     assert complete("zerolayer", "rollout", "list", "--li") == ["--limit"]
     assert "--store-config" in complete("zerolayer", "rollout", "status", "--st")
     assert complete("zerolayer", "rollout", "status", "chat") == []
+
+
+def test_watch_redraws_only_the_lines_that_changed():
+    first = ["fence epoch 2", "ROLLOUT ...", "chat-a gpu_nodes running 1/3 5 pass 40", "owner"]
+    assert rollout_cli.redraw(None, first) == "\x1b[2J\x1b[H" + "\n".join(first) + "\n"
+    moved = [*first[:2], "chat-a gpu_nodes running 1/3 5 pass 38", "owner"]
+    assert rollout_cli.redraw(first, moved) == (
+        "\x1b[3;1H\x1b[2Kchat-a gpu_nodes running 1/3 5 pass 38" + "\x1b[5;1H"
+    )
+    assert rollout_cli.redraw(moved, moved) == "\x1b[5;1H", "nothing changed: nothing rewritten"
+    # A wave gone: its line and everything below it cleared, one line added elsewhere.
+    fewer = ["fence epoch 3", "ROLLOUT ..."]
+    assert (
+        rollout_cli.redraw(moved, fewer) == "\x1b[1;1H\x1b[2Kfence epoch 3\x1b[3;1H\x1b[J\x1b[3;1H"
+    )
+    more = [*fewer, "chat-b gpu_nodes running 1/3 1 - 7200"]
+    assert rollout_cli.redraw(fewer, more) == (
+        "\x1b[3;1H\x1b[2Kchat-b gpu_nodes running 1/3 1 - 7200\x1b[4;1H"
+    )

@@ -184,13 +184,21 @@ def exporter_etcdctl(host, *args):
     return host.run(shlex.join(command))
 
 
-def test_exporter_user_reads_the_prefix_and_writes_nothing(host):
+def test_exporter_user_reads_the_prefix_and_writes_only_what_the_deadline_watch_needs(host):
     assert exporter_etcdctl(host, "get", "--prefix", "--keys-only", "/zerolayer/").rc == 0
+    # rollout_store_exporter_aborts_stuck is false: no fence, no records, no owners.
     for key in ("/zerolayer/fence", "/zerolayer/rollouts/x", "/zerolayer/owners/x"):
         result = exporter_etcdctl(host, "put", key, "0")
         assert result.rc != 0 and "permission denied" in result.stderr, key
+    # A stuck wave's event, and the notification sender's lease key and cursors.
+    for key in ("/zerolayer/events/verify-watch/w.stuck.x", "/zerolayer/notifications/verify"):
+        put = exporter_etcdctl(host, "put", key, "{}")
+        assert put.rc == 0, key + put.stderr
+        assert exporter_etcdctl(host, "del", key).rc == 0
     result = exporter_etcdctl(host, "get", "/elsewhere")
     assert result.rc != 0 and "permission denied" in result.stderr
+    unit = host.file("/etc/systemd/system/zerolayer-store-exporter.service").content_string
+    assert "--deadline-watch-interval 10" in unit and "--abort-stuck" not in unit
 
 
 def test_exporter_serves_the_store_as_the_collection_writes_it(host, address, writer):
