@@ -371,18 +371,21 @@ def progress_deadline(schedule, setting, gate_interval_s, abort=False):
     return {"deadline_s": seconds, "abort": abort}
 
 
-def progress_state(record, owned, now):
+def progress_state(record, owned, now, fence_epoch=None):
     """Whether a wave is stuck: {"deadline_s", "abort", "last_progress_at", "idle_s", "stuck"}.
 
     Progress is any record write (updated_at). A wave is stuck when it is running (not
-    paused, not finished), no runner owns its rollout (owned: a live owner key names it),
-    and nothing was recorded for longer than its deadline. A record planned before the
-    deadline existed has none (deadline_s None) and is never stuck.
+    paused, not finished, not fenced: a fleet fence above the epoch it took means a
+    rollback already put its nodes at 0), no runner owns its rollout (owned: a live owner
+    key names it), and nothing was recorded for longer than its deadline. A record planned
+    before the deadline existed has none (deadline_s None) and is never stuck.
     """
     settings = record.get("progress_deadline") or {}
     deadline = settings.get("deadline_s")
     idle = seconds_between(parse_timestamp(record["updated_at"], "updated_at"), now)
-    running = record["outcome"] == "running" and not record.get("paused")
+    taken = record.get("fence_epoch")
+    fenced = taken is not None and fence_epoch is not None and taken < fence_epoch
+    running = record["outcome"] == "running" and not record.get("paused") and not fenced
     return {
         "deadline_s": deadline,
         "abort": bool(settings.get("abort")),

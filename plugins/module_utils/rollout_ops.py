@@ -88,7 +88,7 @@ def _wave_status(record, fence, now, owned=False):
     if isinstance(gates, list):
         gates = {gate.get("name"): gate.get("verdict") for gate in gates if isinstance(gate, dict)}
     summary["last_gates"] = dict(gates)
-    summary["progress"] = rollout.progress_state(record, owned, now)
+    summary["progress"] = rollout.progress_state(record, owned, now, fence["epoch"])
     return summary
 
 

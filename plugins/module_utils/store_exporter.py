@@ -179,7 +179,7 @@ def paused_since(record):
     return parse_timestamp(at, "transitions[].at").timestamp()
 
 
-def wave_state(record_key, record, owners, now):
+def wave_state(record_key, record, owners, now, fence_epoch=None):
     """The exported view of one wave's decoded record; owners from _owners_by_rollout."""
     rollout_id, wave = validate_record_key(record_key).split("/", 1)
     outcome = record["outcome"]
@@ -199,7 +199,7 @@ def wave_state(record_key, record, owners, now):
         fence_epoch=taken if isinstance(taken, int) and not isinstance(taken, bool) else None,
     )
     # A key left with no lease (-1) or one that expired is no live owner.
-    progress = rollout.progress_state(record, owner is not None and owner[0] >= 0, now)
+    progress = rollout.progress_state(record, owner is not None and owner[0] >= 0, now, fence_epoch)
     state.update(
         last_progress=parse_timestamp(progress["last_progress_at"], "updated_at").timestamp(),
         deadline_s=progress["deadline_s"],
@@ -222,7 +222,7 @@ def store_state(raw, now=None):
             record = rollout.decode_record(
                 value.decode() if isinstance(value, bytes) else value, record_key
             )
-            waves.append(wave_state(record_key, record, owners, now))
+            waves.append(wave_state(record_key, record, owners, now, fence_epoch))
         except (FleetError, KeyError, IndexError, TypeError, ValueError, AttributeError):
             unreadable += 1
     return {"up": True, "fence_epoch": fence_epoch, "unreadable": unreadable, "waves": waves}
@@ -353,6 +353,7 @@ def watch_deadlines(store, may_abort=False, now=None, actor=None, post=None):
     actor = actor or "zerolayer-store-exporter@%s" % socket.gethostname()
     raw = read_store(store)
     owners, _unreadable = _owners_by_rollout(raw["owners"])
+    fence_epoch = _fence_epoch(raw["fence"])
     announced = []
     for record_key, value in sorted(raw["records"]):
         try:
@@ -363,7 +364,9 @@ def watch_deadlines(store, may_abort=False, now=None, actor=None, post=None):
         except (FleetError, TypeError, ValueError):
             continue  # counted as unreadable by the scrape
         owner = owners.get(rollout_id)
-        progress = rollout.progress_state(record, owner is not None and owner[0] >= 0, now)
+        progress = rollout.progress_state(
+            record, owner is not None and owner[0] >= 0, now, fence_epoch
+        )
         if not progress["stuck"]:
             continue
         action = "abort" if progress["abort"] and may_abort else "announce"

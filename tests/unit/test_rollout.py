@@ -681,3 +681,7 @@ def test_progress_state_counts_from_the_last_record_write():
         "stuck": True,
     }
     assert r.progress_state(record, True, at(10_000))["stuck"] is False, "a live owner"
+    record["fence_epoch"] = 1
+    assert r.progress_state(record, False, at(10_000), fence_epoch=1)["stuck"] is True
+    fenced = r.progress_state(record, False, at(10_000), fence_epoch=2)
+    assert fenced["stuck"] is False, "a rollback since put its nodes at 0: fenced, not stuck"

@@ -383,6 +383,7 @@ def deadlined(deadline_s=600, *steps):
     """A wave planned at T0 with a progress deadline, then steps (minutes, action, params)."""
     wave = record("chat-a:wave_canary", *steps)
     wave["progress_deadline"] = {"deadline_s": deadline_s, "abort": False}
+    wave["fence_epoch"] = 4  # the fleet's fence in raw(): not fenced
     return wave
 
 
@@ -429,3 +430,15 @@ def test_a_wave_without_a_deadline_and_a_finished_wave_are_never_stuck():
     done = deadlined(60, (1, "rolled_back", {}))
     text = se.render(se.store_state(raw([("chat-a/wave_canary", encoded(done))]), later))
     assert "zerolayer_rollout_store_wave_stuck" not in text
+
+
+def test_a_wave_a_rollback_fenced_is_not_stuck():
+    fenced = deadlined()
+    fenced["fence_epoch"] = 3  # the fleet's fence is 4 in raw(): a rollback came since
+    later = T0 + datetime.timedelta(hours=2)
+    (wave,) = se.store_state(raw([("chat-a/wave_canary", encoded(fenced))]), later)["waves"]
+    assert wave["stuck"] is False, "its nodes are at 0 already: fenced, not stuck"
+    (wave,) = se.store_state(
+        raw([("chat-a/wave_canary", encoded(fenced))], fence=b'{"epoch": 3}'), later
+    )["waves"]
+    assert wave["stuck"] is True
