@@ -58,6 +58,11 @@ PROBE_TIMEOUT_S = 5.0
 # until none is left, for at most the fast rollback's promise, and reports it in
 # acks/<node>/direct (the node's own key prefix): the acknowledgement itself never waits.
 DIRECT_DRAIN_WAIT_S = 30.0
+# The node's weights as the watcher reads them (acks/<node>/live) live on a lease of this
+# many seconds, renewed at every idle recheck: a watcher that stops loses its reading within
+# it, so `zerolayer rollout status` never shows a dead node's last weights as today's.
+LIVE_TTL_S = 45
+LIVE_KEYS = ("node_epoch", "attached", "mode", "weights_bp")
 
 
 class FenceRefused(FleetError):
@@ -237,6 +242,62 @@ def acknowledgement(node, epoch, action, step, seen, started):
     }
 
 
+class LiveReading:
+    """The node's weights, as this watcher last read them, kept in the store for status.
+
+    Written only when they change (a store that keeps every revision must not grow by a
+    write per node every few seconds); between changes only the lease is renewed, which
+    writes nothing. The key goes when the lease does: no reading means no live watcher.
+    """
+
+    def __init__(self, store, node, ttl_s=LIVE_TTL_S):
+        self.store = store
+        self.key = store.key("acks", node, "live")
+        self.node = node
+        self.ttl_s = ttl_s
+        self.lease = 0
+        self.published = None
+
+    def publish(self, seen):
+        """Keep the reading of seen (a read_back()) in the store; True when it was written."""
+        reading = {key: seen.get(key) for key in LIVE_KEYS}
+        if self.lease and self._renewed() and reading == self.published:
+            return False
+        if not self.lease:
+            self.lease = self.store.client.grant_lease(self.ttl_s)
+        self.store.client.put(
+            self.key,
+            dict(reading, node=self.node, at_unix=round(time.time(), 3)),
+            lease=self.lease,
+        )
+        self.published = reading
+        return True
+
+    def withdraw(self):
+        """Take the reading out of the store (a watcher that stops): best effort, the
+        lease ends it anyway within ttl_s."""
+        if not self.lease:
+            return
+        try:
+            self.store.client.revoke_lease(self.lease)
+        except FleetError:
+            pass
+        self.lease = 0
+        self.published = None
+
+    def _renewed(self):
+        """Whether the lease was still there to renew; if not the key went with it."""
+        try:
+            renewed = self.store.client.keep_alive(self.lease) > 0
+        except StoreUnavailable:
+            raise
+        except FleetError:
+            renewed = False  # "requested lease not found": the store forgot it
+        if not renewed:
+            self.lease = 0
+        return renewed
+
+
 class Watcher:
     """One node's watcher: the store, the router's pins, and what it last did."""
 
@@ -261,7 +322,9 @@ class Watcher:
             "last_ack_at_unix": None,
             "last_refusal": None,
             "last_error": None,
+            "live_error": None,
         }
+        self.live = LiveReading(store, self.node)
 
     def last_ack_epoch(self):
         """The epoch this node last acknowledged, as the store holds it (0: none)."""
@@ -361,12 +424,35 @@ class Watcher:
         self.handle(kv.json())
         return kv.mod_revision
 
+    def publish_live(self):
+        """Keep the node's weights as read now in the store (LiveReading). A store that
+        refuses it (the node's role lacks acks/<node>/live) is said in the status and the
+        log, never a reason to stop watching the fence."""
+        try:
+            self.live.publish(read_back(self.layout))
+        except StoreUnavailable:
+            raise
+        except FleetError as exc:
+            if self.status.get("live_error") != exc.message:
+                self.log("the node's weights are not kept in the store: %s" % exc.message)
+            self.status["live_error"] = exc.message
+            return
+        self.status["live_error"] = None
+
     def run(self, stop=lambda: False, idle_recheck_s=IDLE_RECHECK_S, sleep=time.sleep):
-        """Watch until stop() is true: catch up, watch, and after any break start over."""
+        """Watch until stop() is true: catch up, watch, and after any break start over.
+        The node's live reading goes with the watcher (LiveReading.withdraw)."""
+        try:
+            self._run(stop, idle_recheck_s, sleep)
+        finally:
+            self.live.withdraw()
+
+    def _run(self, stop, idle_recheck_s, sleep):
         retry = RETRY_FIRST_S
         while not stop():
             try:
                 revision = self.catch_up()
+                self.publish_live()
                 retry = RETRY_FIRST_S
                 for events in self.store.client.watch(
                     self.store.key("fence"), revision + 1, timeout=idle_recheck_s
@@ -374,6 +460,7 @@ class Watcher:
                     for kv in events:
                         if kv.value:  # a deleted fence key (value empty) asks nothing
                             self.handle(kv.json())
+                            self.publish_live()
                     if stop():
                         return
             except StoreUnavailable as exc:

@@ -294,6 +294,23 @@ def _split_note(row, node):
     return " (split %s%%%s)" % (split["measured_pct"], "" if split.get("ok") else " OFF")
 
 
+def _percents(weights_bp):
+    """'5%' or '5%/0%': the distinct weights of a node's routes, as percent."""
+    values = sorted({weight / 100.0 for weight in weights_bp.values()})
+    return "/".join("%g%%" % value for value in values) or "-"
+
+
+def _live_note(row, node):
+    """' now 5%' (what the node's watcher read), ' now 0% DIFFERS' where that is not what the
+    record says the node should have, ' now unknown (no watcher)' where nothing is read."""
+    live = (row.get("live") or {}).get(node)
+    if live is None:
+        return ""
+    if live["weights_bp"] is None:
+        return " now unknown (no watcher)"
+    return " now %s%s" % (_percents(live["weights_bp"]), " DIFFERS" if live["differs"] else "")
+
+
 def render_status(report):
     fence = report["fence"]
     lines = [
@@ -319,7 +336,8 @@ def render_status(report):
     for rollout_id, waves in sorted(report["rollouts"].items()):
         for wave, row in waves.items():
             nodes = ", ".join(
-                "%s %s%%%s" % (node, entry.get("weight"), _split_note(row, node))
+                "%s %s%%%s%s"
+                % (node, entry.get("weight"), _split_note(row, node), _live_note(row, node))
                 for node, entry in sorted(row["nodes"].items())
             )
             lines.append(
@@ -393,10 +411,8 @@ def _nodes_since(after):
         if not seen["confirmed"]:
             shown.append("%s not confirmed" % node)
             continue
-        weights = seen.get("weights_bp") or {}
-        values = sorted({weight / 100.0 for weight in weights.values()}) or ["-"]
         shown.append(
-            "%s %s%% (epoch %s)" % (node, "/".join("%g" % v for v in values), seen["epoch"])
+            "%s %s (epoch %s)" % (node, _percents(seen.get("weights_bp") or {}), seen["epoch"])
         )
     return ", ".join(shown)
 

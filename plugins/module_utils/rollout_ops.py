@@ -15,6 +15,8 @@ of a fenced one), "unreachable" (the store). The command line turns them into ex
 
 from __future__ import annotations
 
+import time
+
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
@@ -143,6 +145,7 @@ def status(store, rollout_id=None, scope=None):
     if scope is not None:
         owners = {name: holder for name, holder in owners.items() if name == scope}
     _add_nodes_after_rollback(store, fence, rollouts)
+    _add_live_weights(store, rollouts)
     report = {"fence": fence, "owners": owners, "rollouts": rollouts}
     if finished is not None:
         report["finished_rollouts"] = finished
@@ -170,6 +173,44 @@ def _add_nodes_after_rollback(store, fence, rollouts):
             )
             for node in sorted(row["nodes"])
         }
+
+
+def _add_live_weights(store, rollouts):
+    """Beside each wave's recorded weight per node, the weights the node has now, as its
+    fence watcher last read them (store.live_readings), and which nodes differ from what
+    they should have: the record's weight, or 0 once a rollback fenced or superseded it."""
+    nodes = {node for waves in rollouts.values() for row in waves.values() for node in row["nodes"]}
+    readings = store.live_readings(nodes) if nodes else {}
+    now = time.time()
+    for waves in rollouts.values():
+        for row in waves.values():
+            row["live"] = {
+                node: _live_entry(readings.get(node), _expected_bp(row, entry), now)
+                for node, entry in sorted(row["nodes"].items())
+            }
+
+
+def _expected_bp(row, entry):
+    if row["fenced"] or row["rolled_back_by"]:
+        return 0
+    return entry.get("weight_bp")
+
+
+def _live_entry(reading, expected_bp, now):
+    """{weights_bp, node_epoch, attached, read_at_unix, age_s, differs}; weights_bp and
+    differs None for a node with no live watcher: a node that says nothing never agrees."""
+    if reading is None:
+        return {"weights_bp": None, "differs": None}
+    weights = reading["weights_bp"]
+    at = reading.get("at_unix")
+    return {
+        "weights_bp": weights,
+        "node_epoch": reading.get("node_epoch"),
+        "attached": reading.get("attached"),
+        "read_at_unix": at,
+        "age_s": round(now - at, 1) if isinstance(at, (int, float)) else None,
+        "differs": any(weight != expected_bp for weight in weights.values()),
+    }
 
 
 def rollouts(store, limit=20, since=None):

@@ -7,6 +7,8 @@ Keys under the store's prefix (default /zerolayer/):
   owners/<scope>   the runner that holds the scope, on a lease its heartbeat keeps alive
   acks/<node>      what a node acknowledged (written by the node, with its own identity)
   acks/<node>/direct  after that, how long the node's direct connections took to leave
+  acks/<node>/live    the node's weights as its watcher last read them, on a lease the
+                      watcher renews (gone when the watcher stops)
 
 Rollback and abort call raise_fence() before they touch a node; every weight write to a
 node carries the epoch its writer took (fence.py enforces it there). See
@@ -103,6 +105,11 @@ def store_failure(exc):
     answered = "status" in exc.details or "store_error" in exc.details
     kind = "refused" if answered or exc.details.get("field") == "fence" else "unusable"
     return {"store_error": exc.message, "store_error_kind": kind}
+
+
+def _whole_number(value):
+    """An epoch as JSON carries it: an int, not a bool (true is 1 to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_scope(scope, field="scope"):
@@ -266,23 +273,38 @@ class RolloutStore:
         """{node: its watcher's direct-drain report (acks/<node>/direct)} of the nodes asked
         about whose report is for epoch or a later one: how long the direct connections that
         pooled clients held took to leave after the fence, or how many were left."""
+        return {
+            node: report
+            for node, report in self._node_reports("direct", nodes).items()
+            if _whole_number(report.get("epoch")) and report["epoch"] >= epoch
+        }
+
+    def live_readings(self, nodes):
+        """{node: what its watcher last read of the node (acks/<node>/live): node_epoch,
+        attached, mode, weights_bp {route: weight in basis points}, at_unix} of the nodes
+        asked about that have one. A node missing has no running watcher (the reading lives
+        on the watcher's lease) or never had one."""
+        return {
+            node: reading
+            for node, reading in self._node_reports("live", nodes).items()
+            if isinstance(reading.get("weights_bp"), dict)
+        }
+
+    def _node_reports(self, leaf, nodes):
+        """{node: the JSON object at acks/<node>/<leaf>} of the nodes asked about, from one
+        read; a report that is no JSON object is left out (it tells nothing)."""
         wanted = set(nodes)
         found = {}
         prefix = self.key("acks") + "/"
         for kv in self.client.get_prefix(prefix):
-            node, _slash, leaf = kv.key[len(prefix) :].partition("/")
-            if leaf != "direct" or node not in wanted:
+            node, _slash, key_leaf = kv.key[len(prefix) :].partition("/")
+            if key_leaf != leaf or node not in wanted:
                 continue
             try:
                 report = kv.json()
             except FleetError:
                 continue
-            report_epoch = report.get("epoch") if isinstance(report, dict) else None
-            if (
-                isinstance(report_epoch, int)
-                and not isinstance(report_epoch, bool)
-                and report_epoch >= epoch
-            ):
+            if isinstance(report, dict):
                 found[node] = report
         return found
 
@@ -300,8 +322,7 @@ class RolloutStore:
                 continue  # a garbled ack confirms nothing; the push reaches that node
             ack_epoch = ack.get("epoch") if isinstance(ack, dict) else None
             if (
-                isinstance(ack_epoch, int)
-                and not isinstance(ack_epoch, bool)
+                _whole_number(ack_epoch)
                 and ack_epoch >= epoch
                 and ack.get("confirmed") is True
                 and (not deep or ack.get("action") == "deep")

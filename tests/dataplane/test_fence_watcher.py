@@ -196,6 +196,22 @@ def test_after_its_acknowledgement_the_watcher_reports_the_direct_connections_go
         assert json.load(handle)["all"]["epoch"] == raised["epoch"]
 
 
+def test_the_watcher_keeps_the_nodes_weights_in_the_store_while_it_runs(watcher, store, routed):
+    def live_weights(expected):
+        reading = store.live_readings([NODE]).get(NODE)
+        return reading if reading and reading["weights_bp"] == expected else None
+
+    watcher.start()
+    first = wait_until(lambda: live_weights({"chat": 10000}), "the node's weights at 100 %")
+    assert first["attached"] is True and first["node_epoch"] == 0
+    raised = store.raise_fence("fast", "pooled clients", "test")
+    # Read again after it acted on the fence, not at the next idle recheck.
+    after = wait_until(lambda: live_weights({"chat": 0}), "the node's weights at 0", seconds=5)
+    assert after["node_epoch"] == raised["epoch"]
+    watcher.stop()
+    assert store.live_readings([NODE]) == {}, "a stopped watcher leaves no reading behind"
+
+
 def test_a_deep_rollback_detaches_and_keeps_the_router_detached(watcher, store, routed, netns):
     watcher.start()
     raised = store.raise_fence("deep", "kernel trouble", "test")

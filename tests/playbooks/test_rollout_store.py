@@ -131,6 +131,23 @@ def wait_stuck_announced_and_alerted(fleet, store_config, rollout_id, timeout=12
     pytest.fail("stuck events %s, alert firing %s after %d s" % (stuck, firing, timeout))
 
 
+def wait_live(store_config, rollout_id, nodes, weight_bp, timeout=30):
+    """The rollout's wave once every node's live weights (its watcher's reading) are
+    weight_bp: a watcher reads its node again right after it acts on a fence."""
+    deadline = time.monotonic() + timeout
+    row = None
+    while time.monotonic() < deadline:
+        row = wave_status(store_config, rollout_id)
+        live = (row or {}).get("live") or {}
+        if sorted(live) == sorted(nodes) and all(
+            set((entry["weights_bp"] or {None: None}).values()) == {weight_bp}
+            for entry in live.values()
+        ):
+            return row
+        time.sleep(1)
+    pytest.fail("live weights never all %d: %s" % (weight_bp, (row or {}).get("live")))
+
+
 def wait_ended(process, timeout):
     started = time.monotonic()
     process.wait(timeout=timeout)
@@ -438,6 +455,11 @@ def test_on_call_hears_the_canary_and_the_rollback_in_order_and_reads_no_failure
         rolled = fleet.playbook("rollback.yml", "-e", "canary_record_dir=%s" % records)
         assert rolled.returncode == 0, rolled.stdout[-6000:]
         no_failed_request(client)
+        # What the nodes do now, as each node's watcher read it: the completed rollout reads
+        # rolled back, and every node's live weight is 0, as it should be (nothing differs).
+        row = wait_live(store_config, rollout_id, fleet.nodes, 0)
+        assert row["outcome"] == "completed" and row["rolled_back_by"]["action"] == "fast", row
+        assert not any(node["differs"] for node in row["live"].values()), row["live"]
 
         wait_for_body(webhook_receiver, "/oncall", "fleet_rolled_back")
         bodies = webhook_receiver.bodies("/oncall")

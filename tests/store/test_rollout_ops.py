@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    fence_watcher,
     rollout,
     rollout_cli,
     rollout_guard,
@@ -286,6 +288,63 @@ def test_a_completed_rollout_rolled_back_since_never_reads_completed(store):
     everything = rollout_ops.status(store)
     assert set(everything["rollouts"]) == {"chat-new"} and everything["finished_rollouts"] == 2
     assert "2 finished rollout(s) not shown" in rollout_cli.render_status(everything)
+
+
+def seen_on_node(weight_bp, epoch=0):
+    """A fence watcher's read_back() of a node with one route, chat."""
+    return {
+        "node_epoch": epoch,
+        "attached": True,
+        "mode": "steer",
+        "weights_bp": {"chat": weight_bp},
+    }
+
+
+def nodes_column(report, rollout_id, wave="wave_all"):
+    row = report["rollouts"][rollout_id][wave]
+    return row["live"], rollout_cli.render_status(report)
+
+
+def test_status_shows_each_nodes_weight_now_beside_the_records_and_marks_a_difference(store):
+    completed(store, "chat-old", T0, epoch=0)
+    n1 = fence_watcher.LiveReading(store, "n1")
+    assert n1.publish(seen_on_node(10000)) is True
+    written_at = store.client.get(store.key("acks", "n1", "live")).mod_revision
+    # Unchanged weights renew the lease and write nothing: no revision per node per recheck.
+    assert n1.publish(seen_on_node(10000)) is False
+    assert store.client.get(store.key("acks", "n1", "live")).mod_revision == written_at
+    live, text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
+    assert live["n1"]["weights_bp"] == {"chat": 10000} and live["n1"]["differs"] is False
+    assert live["n2"] == {"weights_bp": None, "differs": None}, "n2 has no watcher"
+    assert "n1 100% now 100%, n2 100% now unknown (no watcher)" in text
+    # A rollback fences the completed rollout: its nodes should be at 0 now; n1 is not yet.
+    store.raise_fence("fast", "p99 page", "oncall@laptop")
+    live, text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
+    assert live["n1"]["differs"] is True and "n1 100% now 100% DIFFERS" in text
+    assert n1.publish(seen_on_node(0, epoch=1)) is True
+    live, text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
+    assert live["n1"]["differs"] is False and live["n1"]["node_epoch"] == 1
+    assert "n1 100% now 0%," in text and "DIFFERS" not in text
+    # A watcher that stops takes its reading with it.
+    n1.withdraw()
+    live, _text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
+    assert live["n1"]["weights_bp"] is None
+
+
+def test_a_live_reading_ends_with_its_lease_and_is_written_again_after(store):
+    planted(store, "chat-a", waves=("wave_all",))
+    node = fence_watcher.LiveReading(store, "n1", ttl_s=2)
+    node.publish(seen_on_node(100))
+    key = store.key("acks", "n1", "live")
+    assert store.client.get(key) is not None
+    deadline = time.monotonic() + 15
+    while store.client.get(key) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert store.client.get(key) is None, "the lease ran out: the reading must be gone"
+    # The next recheck finds its lease gone and writes the same weights on a new one.
+    assert node.publish(seen_on_node(100)) is True
+    assert store.client.get(key).json()["weights_bp"] == {"chat": 100}
+    node.withdraw()
 
 
 def test_list_shows_every_rollout_newest_first_with_how_it_ended(store):
