@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import read_slots
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
@@ -33,7 +34,7 @@ def router_report(layout):
         "router": router_state(layout),
         "routes": [],
         "latency": None,
-        "fence": read_fence(layout.fence_file),
+        "fence": router_mode.shown_fence(read_fence(layout.fence_file)),
     }
     if missing_pins(layout):
         return report

@@ -181,7 +181,7 @@ def attach(
             "actions": [],
             "before": before,
             "after": before,
-            "kept_detached": mode,
+            "kept_detached": router_mode.shown(mode),
         }
     actions = []
     seeds = None
@@ -252,7 +252,7 @@ def attach(
                 "actions": [*actions, "remove again: a deep rollback came meanwhile"],
                 "before": before,
                 "after": after,
-                "kept_detached": router_mode.read_mode(layout.fence_file),
+                "kept_detached": router_mode.shown(router_mode.read_mode(layout.fence_file)),
             }
     if mode["mode"] == router_mode.DETACHED and not check_mode:
         # Only once the router runs again: a restore that fails leaves the node detached.
@@ -425,5 +425,7 @@ def deep_rollback(layout, epoch=None, reason=None, check_mode=False):
         "before": result["before"],
         "after": result["after"],
         "fence": {"epoch_before": epoch_before, "epoch": epoch_after},
-        "mode": router_mode.read_mode(layout.fence_file) if not check_mode else mode_before,
+        "mode": router_mode.shown(
+            router_mode.read_mode(layout.fence_file) if not check_mode else mode_before
+        ),
     }

@@ -106,6 +106,25 @@ def kept_seeds(record):
     return tuple(seeds) if valid else None
 
 
+def shown(record):
+    """A mode record as results and reports show it: the kept seeds decide which engine
+    every client's connections reach after a restore (a hash over addresses and ports is
+    only as unguessable as its seed), so they stay in the node's fence file, and what is
+    shown is whether there are any (seeds_kept)."""
+    if not isinstance(record, dict) or "seeds" not in record:
+        return record
+    kept = {key: value for key, value in record.items() if key != "seeds"}
+    kept["seeds_kept"] = kept_seeds(record) is not None
+    return kept
+
+
+def shown_fence(fence):
+    """A fence file's content as results and reports show it (its mode record shown())."""
+    if not isinstance(fence, dict) or MODE_KEY not in fence:
+        return fence
+    return dict(fence, **{MODE_KEY: shown(fence[MODE_KEY])})
+
+
 def record_active(fence_file, reason="restore", check_mode=False):
     """Leave "detached" (an explicit restore); returns the record that was left."""
     with fence_file_lock(fence_file):

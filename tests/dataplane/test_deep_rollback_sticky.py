@@ -181,6 +181,14 @@ def test_routectl_detach_is_the_deep_rollback_and_attach_restore_ends_it(
     assert detached["attached"] is False and detached["maps_pinned"] is False
     assert detached["mode"]["mode"] == "detached" and detached["mode"]["reason"] == "verifier bug"
     assert not os.path.exists(layout.pin_dir)
+    # The seeds stay in the node's fence file for a restore that keeps them; no output
+    # shows them, only that they were kept.
+    seeds = read_fence(layout.fence_file)["router"]["seeds"]
+    assert len(seeds) == 2 and detached["mode"]["seeds_kept"] is True, detached["mode"]
+    status, shown = routectl(layout, "show")
+    assert status == 0 and shown["fence"]["router"]["seeds_kept"] is True, shown["fence"]
+    for output in (detached, shown):
+        assert "seeds" not in json.dumps(output).replace("seeds_kept", ""), output
     assert netns.clients(count=50)["served"] == {"proxy": 50}
     again = routectl(layout, "detach", "--epoch", "3")[1]
     assert again["changed"] is False, "the same deep rollback twice changes nothing"
@@ -188,6 +196,7 @@ def test_routectl_detach_is_the_deep_rollback_and_attach_restore_ends_it(
     config = write_config(tmp_path, layout, router_object, netns, engine)
     status, kept = routectl(layout, "attach", config=config)
     assert status == 0 and kept["kept_detached"]["epoch"] == 3 and kept["routes"] == [], kept
+    assert "seeds" not in kept["kept_detached"] and kept["kept_detached"]["seeds_kept"] is True
     assert ansible("router", object=router_object, netns=netns.path, pin_dir=layout.pin_dir,
                    fence_file=layout.fence_file)["changed"] is False  # fmt: skip
     assert not os.path.exists(layout.pin_dir)

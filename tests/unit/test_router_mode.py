@@ -86,3 +86,16 @@ def test_a_record_it_does_not_understand_is_refused_never_read_as_active(path, r
     with pytest.raises(FleetError) as refused:
         router_mode.read_mode(path)
     assert refused.value.details["field"] == "fence_file"
+
+
+def test_a_shown_mode_record_says_seeds_were_kept_and_never_shows_them(path):
+    deep_rollback(path, 4, SEEDS)
+    fence = read_fence(path)
+    shown = router_mode.shown_fence(fence)
+    assert shown["router"]["seeds_kept"] is True and "seeds" not in shown["router"]
+    assert fence["router"]["seeds"] == list(SEEDS), "the file keeps them for a restore"
+    assert router_mode.shown({"mode": router_mode.DETACHED, "seeds": [1]})["seeds_kept"] is False
+    plain = {"mode": router_mode.ACTIVE, "epoch": 4}
+    assert router_mode.shown(plain) == plain and router_mode.shown_fence({"epoch": 0}) == {
+        "epoch": 0
+    }
