@@ -462,7 +462,8 @@ def parse_since(value, now=None):
 
 
 def _push_abort(inventories, epoch, reason):
-    """rollback.yml at the epoch abort raised (no preflight, no schedule); its exit status.
+    """rollback.yml at the epoch abort raised (None: rollback.yml raises the store's fence
+    itself, or each node's where the store does not answer); its exit status.
     Its output goes to stderr, so that stdout stays one JSON line with -o json."""
     argv = [
         shutil.which("ansible-playbook")
@@ -470,16 +471,33 @@ def _push_abort(inventories, epoch, reason):
     ]
     for inventory in inventories:
         argv += ["-i", inventory]
-    argv += [
-        os.path.join(REPO, "playbooks", "rollback.yml"),
-        "-e", json.dumps({
-            "rollback_fence_epoch": epoch,
-            "rollback_reason": reason,
-            # The abort's time runs from this command's start.
-            "rollback_command_started_at": round(process_started_at(), 3),
-        }),
-    ]  # fmt: skip
+    settings = {
+        "rollback_reason": reason,
+        # The abort's time runs from this command's start.
+        "rollback_command_started_at": round(process_started_at(), 3),
+    }
+    if epoch is not None:
+        settings["rollback_fence_epoch"] = epoch
+    argv += [os.path.join(REPO, "playbooks", "rollback.yml"), "-e", json.dumps(settings)]
     return subprocess.run(argv, check=False, stdout=sys.stderr, cwd=REPO).returncode
+
+
+def _abort_without_store(args, exc):
+    """An abort whose store could not be written (unreachable, no leader, no space, a login
+    refused): the nodes come first. rollback.yml, with no epoch given, raises each node's
+    fence one above its own and sets weight 0, as it does whenever the store does not
+    answer; the rollout's records are not marked (nothing could write them), and the next
+    canary start brings the store up to the nodes' epoch, which fences them."""
+    push_rc = _push_abort(args.inventory, None, args.reason)
+    result = {"store_error": exc.message, "fence": None, "waves": {}, "push_rc": push_rc}
+    _emit(
+        args,
+        result,
+        "the store was not updated (%s); rollback.yml pushed weight 0 with each node's own "
+        "fence: %s"
+        % (exc.message, "every node confirmed" if push_rc == 0 else "exit %d" % push_rc),
+    )
+    return EXIT_OK if push_rc == 0 else EXIT_PUSH_FAILED
 
 
 def _read_sink_file(path):
@@ -643,7 +661,12 @@ def run(argv):
         _emit(args, {"events": entries}, text)
         return EXIT_OK
     if verb == "abort":
-        result = rollout_ops.abort(store, args.rollout_id, args.reason, _actor())
+        try:
+            result = rollout_ops.abort(store, args.rollout_id, args.reason, _actor())
+        except FleetError as exc:
+            if not args.inventory or exc.details.get("outcome") in ("bad_input", "refused"):
+                raise
+            return _abort_without_store(args, exc)
         status = EXIT_OK
         if args.inventory:
             result["push_rc"] = _push_abort(args.inventory, result["fence"]["epoch"], args.reason)

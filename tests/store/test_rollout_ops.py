@@ -205,6 +205,34 @@ def test_the_command_gives_a_distinct_exit_status_per_outcome(etcd_url, store):
     assert cli(etcd_url, store, "rollout", "frobnicate", "x")[0] == rollout_cli.EXIT_BAD_INPUT
 
 
+def test_abort_with_the_store_down_still_pushes_weight_0_to_the_nodes(monkeypatch, capsys):
+    """The store cannot be written (here: nothing listens): with an inventory the abort still
+    runs rollback.yml, without an epoch, so that each node fences itself; without one, or
+    for a bad id the store refused, nothing is pushed."""
+    pushed = []
+
+    def push(inventories, epoch, reason):
+        pushed.append((inventories, epoch, reason))
+        return 0
+
+    monkeypatch.setattr(rollout_cli, "_push_abort", push)
+    down = ["--endpoints", "http://127.0.0.1:9", "-o", "json", "rollout", "abort", "chat-a"]
+    assert rollout_cli.main([*down, "-i", "inv.yml", "--reason", "p99"]) == rollout_cli.EXIT_OK
+    assert pushed == [(["inv.yml"], None, "p99")]
+    said = json.loads(capsys.readouterr().out)
+    assert said["push_rc"] == 0 and said["fence"] is None and said["store_error"], said
+    pushed.clear()
+    assert rollout_cli.main(down) == rollout_cli.EXIT_UNREACHABLE and pushed == []
+
+
+def test_abort_of_an_unknown_rollout_pushes_nothing(etcd_url, store, monkeypatch):
+    planted(store)
+    monkeypatch.setattr(rollout_cli, "_push_abort", lambda *args: pytest.fail("pushed"))
+    argv = ["--endpoints", etcd_url, "--prefix", store.prefix, "rollout", "abort", "chat-z"]
+    assert rollout_cli.main([*argv, "-i", "inv.yml"]) == rollout_cli.EXIT_BAD_INPUT
+    assert store.fence()["epoch"] == 0
+
+
 def test_status_watch_redraws_a_set_number_of_times(etcd_url, store):
     planted(store)
     status, out, _err = cli(etcd_url, store, "rollout", "status", "-w", "--interval", "0.1",
