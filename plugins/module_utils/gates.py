@@ -569,6 +569,7 @@ def history_for_stage(stored, rollout_id, stage):
 
 
 def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=None):
+    watched_before = _watched_so_far(history)
     if history["first_evaluated_at"] is None:
         history["first_evaluated_at"] = format_timestamp(now)
     # The evidence behind a verdict covers the time since the previous evaluation (or the
@@ -584,6 +585,15 @@ def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=N
     # see its hold end, not moved by each whole gap.
     if watch_interval_s and interval > 2 * watch_interval_s:
         history["unwatched_s"] = history.get("unwatched_s", 0.0) + interval - 2 * watch_interval_s
+    # The hold counts the time watched, summed one gap at a time, never the difference of two
+    # timestamps: a runner resumed on another controller measures its first gap against the
+    # first controller's clock, and only that gap can be off, by at most two intervals; a
+    # clock behind (a negative gap) counts nothing instead of holding the stage for as long
+    # as the clocks differ, a clock ahead no more than two intervals.
+    credited = max(0.0, interval)
+    if watch_interval_s:
+        credited = min(credited, 2 * watch_interval_s)
+    history["watched_s"] = watched_before + credited
     if verdict == "fail":
         history["consecutive_failures"] += 1
         history["failures"] += 1
@@ -595,7 +605,21 @@ def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=N
         history["hold_extension_s"] += max(0.0, interval)
 
 
-def _decide(history, verdict, now, hold_ends_at, limits):
+def _watched_so_far(history):
+    """The hold time a stage history has counted; a history written before it kept
+    watched_s has counted the time between its first and last evaluation, less unwatched."""
+    if "watched_s" in history:
+        return history["watched_s"]
+    first, last = history.get("first_evaluated_at"), history.get("last_evaluated_at")
+    if not first or not last:
+        return 0.0
+    span = seconds_between(
+        parse_timestamp(first, "first_evaluated_at"), parse_timestamp(last, "last_evaluated_at")
+    )
+    return max(0.0, span - history.get("unwatched_s", 0.0))
+
+
+def _decide(history, verdict, now, hold_over, limits):
     if history["latched"] is not None:
         latched = history["latched"]
         return latched["decision"], "%s decided at %s: %s" % (
@@ -626,7 +650,7 @@ def _decide(history, verdict, now, hold_ends_at, limits):
             "decide to resume, promote or roll back"
             % (history["hold_extension_s"], limits.max_hold_extension_s),
         )
-    if verdict == "pass" and now >= hold_ends_at:
+    if verdict == "pass" and hold_over:
         return "complete", "hold time over and the latest evaluation passed"
     if verdict == "pass":
         return "continue", "passing; hold time not over yet"
@@ -661,8 +685,11 @@ def record_evaluation(
     start = hold_started_at or parse_timestamp(history["first_evaluated_at"], "first_evaluated_at")
     extension = min(history["hold_extension_s"], limits.max_hold_extension_s)
     unwatched = history.get("unwatched_s", 0.0)
-    hold_ends_at = start + datetime.timedelta(seconds=hold_s + extension + unwatched)
-    decision, reason = _decide(history, verdict, now, hold_ends_at, limits)
+    watched = history["watched_s"]
+    remaining = max(0.0, hold_s + extension - watched)
+    # Told on this controller's clock: now plus what is left to watch.
+    hold_ends_at = now + datetime.timedelta(seconds=remaining)
+    decision, reason = _decide(history, verdict, now, remaining <= 0, limits)
     if decision in ("rollback", "pause") and history["latched"] is None:
         history["latched"] = {"decision": decision, "reason": reason, "at": format_timestamp(now)}
     history["recent"].append(
@@ -687,7 +714,7 @@ def record_evaluation(
         "unwatched_s": round(unwatched, 3),
         "hold_started_at": format_timestamp(start),
         "hold_ends_at": format_timestamp(hold_ends_at),
-        "elapsed_s": round(max(0.0, seconds_between(start, now)), 3),
-        "hold_remaining_s": round(max(0.0, seconds_between(now, hold_ends_at)), 3),
+        "elapsed_s": round(watched, 3),
+        "hold_remaining_s": round(remaining, 3),
     }
     return history, outcome

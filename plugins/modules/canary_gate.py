@@ -373,7 +373,12 @@ hold_started_at:
   returned: always
   type: str
 hold_ends_at:
-  description: When the hold ends, extension included.
+  description:
+    - When the hold ends, extension included, on this controller's clock (now plus what is left
+      to watch).
+    - The hold counts the time watched, summed from one evaluation to the next, so a runner
+      resumed on a controller whose clock differs from the first one's still holds for the hold's
+      time, give or take two intervals.
   returned: always
   type: str
 hold_remaining_s:
@@ -381,7 +386,7 @@ hold_remaining_s:
   returned: always
   type: float
 elapsed_s:
-  description: Seconds since the hold start.
+  description: Seconds of the hold counted so far (watched, extension not included).
   returned: always
   type: float
 history_reset:

@@ -729,3 +729,51 @@ def test_without_an_interval_every_gap_counts_as_before():
     history = g.new_history("chat:wave", 0)
     _history, outcome = g.record_evaluation(history, "pass", at(9 * 3600), 3600, at(0), limits())
     assert outcome["decision"] == "complete" and outcome["unwatched_s"] == 0
+
+
+def resumed_elsewhere(skew_s, hold_s=600, interval=60):
+    """A stage held on controller A for 5 minutes, then evaluated every interval by controller
+    B, whose clock is skew_s ahead of A's (behind when negative); (seconds of real time B
+    watched when the hold completed, B's outcomes)."""
+    history = g.new_history("chat:wave", 1)
+    for seconds in range(interval, 301, interval):
+        history, outcome = g.record_evaluation(
+            history, "pass", at(seconds), hold_s, at(0), limits(), watch_interval_s=interval
+        )
+    real = 300
+    outcomes = []
+    while real < 3 * hold_s:
+        real += interval
+        history, outcome = g.record_evaluation(
+            history, "pass", at(real + skew_s), hold_s, at(0), limits(), watch_interval_s=interval
+        )
+        outcomes.append(outcome)
+        if outcome["decision"] == "complete":
+            return real, outcomes
+    return None, outcomes
+
+
+@pytest.mark.parametrize("skew_s", [0, 3600, -3600, 90, -90])
+def test_a_hold_resumed_on_a_controller_with_another_clock_lasts_its_time(skew_s):
+    """The hold is the time watched, summed gap by gap: a clock an hour ahead ends it no
+    sooner than two intervals early, a clock an hour behind does not hold it an hour more."""
+    completed_at, outcomes = resumed_elsewhere(skew_s)
+    assert completed_at is not None, outcomes[-1]
+    assert 600 - 2 * 60 <= completed_at <= 600 + 60, (completed_at, outcomes[-1])
+    assert all(0 <= o["hold_remaining_s"] <= 600 for o in outcomes)
+
+
+def test_a_history_kept_before_watched_time_goes_on_from_what_it_counted():
+    history = g.new_history("chat:wave", 0)
+    history, _outcome = g.record_evaluation(
+        history, "pass", at(60), 600, at(0), limits(), watch_interval_s=60
+    )
+    history, _outcome = g.record_evaluation(
+        history, "pass", at(120), 600, at(0), limits(), watch_interval_s=60
+    )
+    del history["watched_s"]  # as a runner of the version before kept it
+    _history, outcome = g.record_evaluation(
+        history, "pass", at(180), 600, at(0), limits(), watch_interval_s=60
+    )
+    # first..last evaluation (60 s) plus this gap (60 s); the first gap is not known any more.
+    assert outcome["elapsed_s"] == 120 and outcome["hold_remaining_s"] == 480
