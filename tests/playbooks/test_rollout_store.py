@@ -210,6 +210,17 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     client = load("pause")
     rollout_id, runner = holding_runner(fleet, records, store_config, "store-pause")
     assert set(direct_weights(fleet).values()) == {500}
+    # The other writers of routes take the scope too: while the runner holds the nodes, an
+    # engine upgrade and a restore are refused, naming the runner, and change nothing.
+    upgrade = fleet.engine_upgrade("chat", {"name": "chat_refused", "listen_port": 8109})
+    restore = fleet.playbook("restore.yml")
+    for refused in (upgrade, restore):
+        assert refused.returncode != 0, refused.stdout[-4000:]
+        assert rollout_id in refused.stdout and "held by" in refused.stdout, refused.stdout[-4000:]
+    assert set(direct_weights(fleet).values()) == {500}
+    assert (
+        "chat_refused" not in fleet.exec(fleet.nodes[0], "systemctl", "list-units", "--all").stdout
+    )
     paused_at = time.monotonic()
     status, result, err = zerolayer(store_config, "rollout", "pause", rollout_id,
                                     "--reason", "p99 page")  # fmt: skip
