@@ -329,7 +329,7 @@ def render_status(report):
             % (scope, holder.get("host"), holder.get("pid"), holder.get("rollout_id"),
                holder.get("since"), holder.get("ttl_left_s"))
         )  # fmt: skip
-    header = "%-28s %-12s %-10s %-7s %7s %-9s %8s %-6s %s" % (
+    header = "%-28s %-12s %-11s %-7s %7s %-9s %8s %-6s %s" % (
         "ROLLOUT", "WAVE", "OUTCOME", "STAGE", "WEIGHT", "VERDICT", "HOLD_S", "EPOCH", "NODES",
     )  # fmt: skip
     lines.append(header)
@@ -341,7 +341,7 @@ def render_status(report):
                 for node, entry in sorted(row["nodes"].items())
             )
             lines.append(
-                "%-28s %-12s %-10s %-7s %7s %-9s %8s %-6s %s"
+                "%-28s %-12s %-11s %-7s %7s %-9s %8s %-6s %s"
                 % (
                     rollout_id[:28],
                     wave[:12],
@@ -430,7 +430,7 @@ def render_list(listing):
                 row["standing"],
                 row["weight"],
                 "-" if row["fence_epoch_taken"] is None else row["fence_epoch_taken"],
-                row["created_at"] or "-",
+                _to_the_second(row["created_at"]),
                 ", ".join("%s %s" % item for item in sorted(row["waves"].items())),
             )
         )
@@ -440,6 +440,14 @@ def render_list(listing):
     if shown < total:
         lines.append("%d of %d shown (--limit)" % (shown, total))
     return "\n".join(lines)
+
+
+def _to_the_second(timestamp):
+    """'2026-12-05T07:16:12Z' of '2026-12-05T07:16:12.533506Z': a column, not a log line."""
+    if not timestamp:
+        return "-"
+    whole, dot, _fraction = timestamp.partition(".")
+    return whole + "Z" if dot else timestamp
 
 
 def parse_since(value, now=None):

@@ -41,3 +41,11 @@ def store(etcd_url, request):
         os.getpid(),
     )
     return RolloutStore(EtcdClient(etcd_url, timeout=3), prefix)
+
+
+@pytest.fixture(autouse=True)
+def no_store_config_of_the_user(tmp_path_factory, monkeypatch):
+    """`zerolayer` reads the user's store config (~/.config/zerolayer/store.json, which `make
+    run` writes) under the options a test gives: each test sees an empty one of its own."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
+    monkeypatch.delenv("ZEROLAYER_STORE_CONFIG", raising=False)
