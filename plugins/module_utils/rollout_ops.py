@@ -191,7 +191,9 @@ def _add_live_weights(store, rollouts):
 
 
 def _expected_bp(row, entry):
-    if row["fenced"] or row["rolled_back_by"]:
+    """What a node of this wave should have now: 0 once the wave was aborted or rolled back,
+    or a rollback raised the fence above the epoch it took; else the record's weight."""
+    if row["fenced"] or row["rolled_back_by"] or row["outcome"] in ("aborted", "rolled_back"):
         return 0
     return entry.get("weight_bp")
 

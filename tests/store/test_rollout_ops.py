@@ -353,6 +353,16 @@ def test_status_shows_each_nodes_weight_now_beside_the_records_and_marks_a_diffe
     live, text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
     assert live["n1"]["differs"] is False and live["n1"]["node_epoch"] == 1
     assert "n1 100% now 0%," in text and "DIFFERS" not in text
+    # An aborted rollout's nodes should be at 0 too.
+    planted(store, "chat-cut", waves=("wave_all",), epoch=1)
+    record_entry = {"nodes": {"n1": {"weight": 5, "generation": 1}}}
+    records = StoreRecords(store, "chat-cut/wave_all")
+    record, token = records.read()
+    record, _c = rollout.apply(record, "weight_confirmed", record_entry, T0, "runner")
+    records.write(record, token)
+    rollout_ops.abort(store, "chat-cut", "p99", "oncall@laptop")
+    live, text = nodes_column(rollout_ops.status(store, "chat-cut"), "chat-cut")
+    assert live["n1"]["differs"] is False and "n1 5% now 0%" in text and "DIFFERS" not in text
     # A watcher that stops takes its reading with it.
     n1.withdraw()
     live, _text = nodes_column(rollout_ops.status(store, "chat-old"), "chat-old")
