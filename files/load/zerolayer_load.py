@@ -12,8 +12,8 @@ none).
 A streaming request counts as good only when its stream ends with the [DONE] event, so a
 stream cut by a change on the node is a failure with its cause.
 
-The summary (JSON, rewritten atomically every second and at exit) holds totals per path,
-failures by cause with examples, latency and time to first token per path, when the last
+The summary (JSON, rewritten atomically every second and at exit) holds totals per path and
+per target, failures by cause with examples, latency and time to first token per path, when the last
 request on each path began and ended, how many answers closed their connection, and a series
 of one-second buckets that drills plot and canaries read the measured split from.
 
@@ -86,16 +86,20 @@ class Recorder:
         self.latency = defaultdict(list)
         self.ttft = defaultdict(list)
         self.series = defaultdict(Counter)
+        # {"host:port": Counter(path or "failed")}: which node answered, for a report per
+        # node or per engine kind.
+        self.by_target = defaultdict(Counter)
         self.last_began = {}
         self.last_ended = {}
         self.closed_by_server = Counter()
         self.stale_retries = 0
         self.streams_completed = 0
 
-    def success(self, path, began, ended, ttft, streamed, closed_by_server):
+    def success(self, target, path, began, ended, ttft, streamed, closed_by_server):
         second = int(began - self.started)
         with self.lock:
             self.by_path[path] += 1
+            self.by_target["%s:%d" % target][path] += 1
             self.series[second][path] += 1
             self.last_began[path] = max(began, self.last_began.get(path, began))
             self.last_ended[path] = max(ended, self.last_ended.get(path, ended))
@@ -116,6 +120,7 @@ class Recorder:
         with self.lock:
             self.failures[error.cause] += 1
             self.series[second]["failed"] += 1
+            self.by_target["%s:%d" % target]["failed"] += 1
             if len(self.failure_examples) < FAILURE_EXAMPLES_KEPT:
                 self.failure_examples.append(
                     {
@@ -166,6 +171,9 @@ class Recorder:
                 # been closed by the server while idle; not failures.
                 "stale_connection_retries": self.stale_retries,
                 "paths": per_path,
+                "targets": {
+                    target: dict(counts) for target, counts in sorted(self.by_target.items())
+                },
                 "failures_by_cause": dict(self.failures),
                 "failure_examples": list(self.failure_examples),
                 "series": series,
@@ -370,7 +378,9 @@ def worker(index, args, client, recorder, limiter, stopping, deadline):
             recorder.failure(target, began_wall, error)
             return False
         ended = time.monotonic()
-        recorder.success(path, began_wall, began_wall + (ended - began), ttft, stream, closed)
+        recorder.success(
+            target, path, began_wall, began_wall + (ended - began), ttft, stream, closed
+        )
         return True
 
     pool = None

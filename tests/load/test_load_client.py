@@ -252,6 +252,7 @@ def test_counts_every_request_and_its_path(engine, tmp_path):
     assert summary["paths"]["direct"]["ttft_p50_s"] is not None
     buckets = sum(b.get("direct", 0) for b in summary["series"])
     assert buckets == summary["requests_ok"]
+    assert summary["targets"] == {f"127.0.0.1:{engine['port']}": {"direct": summary["requests_ok"]}}
 
 
 def test_a_refused_connection_is_a_failure_with_its_cause(tmp_path):
@@ -270,6 +271,7 @@ def test_a_refused_connection_is_a_failure_with_its_cause(tmp_path):
     assert summary["requests_ok"] == 0
     assert summary["requests_failed"] > 0
     assert set(summary["failures_by_cause"]) == {"connection_refused"}
+    assert summary["targets"] == {f"127.0.0.1:{closed}": {"failed": summary["requests_failed"]}}
 
 
 def test_a_missing_key_is_counted_as_http_401(engine, tmp_path):
@@ -378,7 +380,7 @@ def test_per_request_mode_keeps_its_summary_and_a_connection_per_request(
         "--concurrency",
         "1",
     )
-    added = {"connection_mode", "stale_connection_retries"}
+    added = {"connection_mode", "stale_connection_retries", "targets"}
     assert set(summary) == PER_REQUEST_KEYS | added
     direct = summary["paths"]["direct"]
     assert set(direct) == PER_PATH_KEYS | {"last_ended_unix", "connections_closed_by_server"}

@@ -21,68 +21,26 @@ In module order, on the first GPU node (the others keep the simulator):
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from fleet_groups import SECOND_FLEET
+from vllm_engine import ENGINE_PORT, MODEL_DIR, PYTHON_ON_NODE, vllm_entry, write_overlay
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SECOND_FLEET)]
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPE = REPO / "tests" / "sandbox" / "vllm-cpu"
 SDK_CLIENT = Path(__file__).resolve().parent / "openai_sdk_client.py"
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
-RUNTIME_ON_NODE = "/var/cache/zerolayer/vllm-cpu"
-PYTHON_ON_NODE = RUNTIME_ON_NODE + "/venv/bin/python"
-MODEL_DIR = RUNTIME_ON_NODE + "/models/tiny-llama"
 UNIT = "zerolayer-engine-chat.service"
-ENGINE_PORT = 8101
 SERVICE_PORT = 8000
 WORK_ON_NODE = "/run/zerolayer-vllm-test"
 SDK_CALLS = 40
 # The engine the upgrade test starts beside vLLM `chat`: another vLLM instance.
 UPGRADED = "chat_v2"
 UPGRADED_PORT = 8102
-
-
-def vllm_version():
-    requirement = (RECIPE / "requirements.txt").read_text()
-    return re.search(r"^vllm-cpu==(\S+)$", requirement, re.M).group(1)
-
-
-def vllm_entry(model, **changes):
-    """Engine `chat` as vLLM, serving the tiny model under the fleet's model name: clients,
-    the load client and the drill ask for the same model on every node."""
-    entry = {
-        "name": "chat",
-        "model": model,
-        "hardware_profile": {"gpu": None, "memory": "4G", "cpu": "200%"},
-        "inference_engine": {"kind": "vllm", "version": vllm_version(), "precision": "fp32"},
-        "resource_limits": {
-            "max_concurrent_requests": 4,
-            "max_input_tokens": 384,
-            "max_output_tokens": 128,
-        },
-        "listen_port": ENGINE_PORT,
-        "route": "chat",
-        "slot": 0,
-        "cpu_kv_cache_gib": 1,
-        "model_source": {"kind": "local", "path": MODEL_DIR},
-    }
-    entry.update(changes)
-    return entry
-
-
-def overlay(directory, node, entry):
-    """An inventory source that gives `node` the engine `entry` instead of the simulator."""
-    directory.mkdir(parents=True, exist_ok=True)
-    hosts = directory / "hosts.yml"
-    hosts.write_text(yaml.safe_dump({"all": {"hosts": {node: {"model_engine_services": [entry]}}}}))
-    return hosts
 
 
 def unit_props(fleet, node, *names):
@@ -151,7 +109,7 @@ def vllm_node(fleet, tmp_path_factory):
         pytest.fail("the vLLM CPU runtime is not built: run scripts/setup test")
     mounted = fleet.exec(node, "test", "-x", PYTHON_ON_NODE, check=False)
     assert mounted.returncode == 0, "%s: no %s (scripts/sandbox mounts it)" % (node, PYTHON_ON_NODE)
-    inventory = overlay(
+    inventory = write_overlay(
         tmp_path_factory.mktemp("vllm-inventory"), node, vllm_entry(fleet.engine["model"])
     )
     started = time.monotonic()
@@ -283,7 +241,7 @@ def test_a_tokenizer_that_does_not_load_fails_the_role_and_the_engine_keeps_serv
     fleet.exec(node, "sh", "-c", "echo '{not json' > %s/tokenizer.json" % broken)
     fleet.exec(node, "chmod", "-R", "a+rX", WORK_ON_NODE)
     before = unit_props(fleet, node, "MainPID", "ExecMainStartTimestampMonotonic")
-    inventory = overlay(
+    inventory = write_overlay(
         tmp_path / "inventory",
         node,
         vllm_entry(fleet.engine["model"], model_source={"kind": "local", "path": broken}),
