@@ -23,6 +23,11 @@ that cannot be read or understood gives zerolayer_rollout_record_ok 0 and no oth
 rollout series, and never stops the router's own metrics. The record is replaced by
 the next rollout, so rollbacks are exported as the Unix time of the last one in the
 record, not as a counter that would go back to zero.
+
+Engines: each scrape also reads the memory pressure (PSI) of every engine slice on the
+node (engine_pressure.py). A slice whose memory.pressure cannot be read or understood gives
+zerolayer_engine_memory_pressure_ok 0 for that engine and none of its pressure series; a
+node without engine slices exports none of these families.
 """
 
 from __future__ import annotations
@@ -109,6 +114,12 @@ _HELP = {
     "zerolayer_rollout_updated_timestamp_seconds": "Unix time of the record's last change",
     "zerolayer_rollout_rollback_timestamp_seconds": "Unix time of the record's last rollback by "
     "kind: fast or deep (unknown when the record does not say), abort for a person's abort",
+    "zerolayer_engine_memory_pressure_ok": "1 when the engine slice's memory.pressure was read; 0 "
+    "when it could not be read or understood (PSI off in the kernel), and then no pressure series",
+    "zerolayer_engine_memory_pressure_ratio": "Share of the last 10 s in which some (kind=some) "
+    "or all (kind=full) tasks of the engine's slice waited for memory (the kernel's PSI avg10)",
+    "zerolayer_engine_memory_pressure_seconds_total": "Time in which some (kind=some) or all "
+    "(kind=full) tasks of the engine's slice waited for memory (PSI total)",
 }
 
 
@@ -475,6 +486,9 @@ def render(snapshot):
     rollout = snapshot.get("rollout")
     if rollout is not None:
         render_rollout(lines, rollout)
+    engine_pressure = snapshot.get("engine_pressure")
+    if engine_pressure is not None:
+        render_engine_pressure(lines, engine_pressure)
     return "\n".join(lines) + "\n"
 
 
@@ -569,6 +583,49 @@ def render_rollout(lines, rollout):
         )
 
 
+def render_engine_pressure(lines, state):
+    """Append the engine memory pressure families of an engine_pressure.read_engines() result."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_pressure import KINDS
+
+    engines = state.get("engines") or []
+    if not engines:
+        return
+    name = "zerolayer_engine_memory_pressure_ok"
+    _family(
+        lines,
+        name,
+        "gauge",
+        [_sample(name, [("engine", e["engine"])], 0 if "error" in e else 1) for e in engines],
+    )
+    read = [(e["engine"], e["pressure"]) for e in engines if "pressure" in e]
+    if not read:
+        return
+    name = "zerolayer_engine_memory_pressure_ratio"
+    _family(
+        lines,
+        name,
+        "gauge",
+        [
+            _sample(name, [("engine", engine), ("kind", kind), ("window", "10s")], p[kind]["avg10"])
+            for engine, p in read
+            for kind in KINDS
+            if kind in p
+        ],
+    )
+    name = "zerolayer_engine_memory_pressure_seconds_total"
+    _family(
+        lines,
+        name,
+        "counter",
+        [
+            _sample(name, [("engine", engine), ("kind", kind)], p[kind]["total"])
+            for engine, p in read
+            for kind in KINDS
+            if kind in p
+        ],
+    )
+
+
 # HTTP server
 
 
@@ -605,6 +662,21 @@ class RolloutRecordReader(LoggedReader):
         self.path = path
 
 
+def engine_pressure_reader(log=None, **where):
+    """engine_pressure.read_engines(**where) once per scrape; its reasons logged when they
+    change (where: mounts and own_cgroup, for a test's tree)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_pressure import (
+        read_engines,
+    )
+
+    return LoggedReader(
+        lambda: read_engines(**where),
+        "engine memory pressure not exported",
+        recovered="engine memory pressure read again",
+        log=log,
+    )
+
+
 def metrics_handler(body, server_version):
     """An HTTP handler class that answers GET /metrics (or /) with body(), a scrape error
     with 500 and its reason (the server lives on), anything else with 404."""
@@ -639,13 +711,18 @@ def metrics_handler(body, server_version):
     return MetricsHandler
 
 
-def make_handler(layout, collect_snapshot=collect, read_rollout_record=None):
-    """The /metrics handler; read_rollout_record (a RolloutRecordReader) adds the rollout."""
+def make_handler(
+    layout, collect_snapshot=collect, read_rollout_record=None, read_engine_pressure=None
+):
+    """The /metrics handler; read_rollout_record (a RolloutRecordReader) adds the rollout,
+    read_engine_pressure (an engine_pressure_reader()) the engines' memory pressure."""
 
     def body():
         snapshot = collect_snapshot(layout)
         if read_rollout_record is not None:
             snapshot["rollout"] = read_rollout_record()
+        if read_engine_pressure is not None:
+            snapshot["engine_pressure"] = read_engine_pressure()
         return render(snapshot)
 
     return metrics_handler(body, "zerolayer-route-exporter")
@@ -688,7 +765,8 @@ def serve(
     exported. It costs about 20 ns on every run of every BPF program on the node and
     needs CAP_SYS_ADMIN, so it is off unless asked for; the counting stops when the
     exporter exits. rollout_record is the node's copy of the rollout record, read on
-    every scrape; None leaves the rollout series out.
+    every scrape; None leaves the rollout series out. The engines' memory pressure is read
+    on every scrape too (engine_pressure.py).
     """
     import functools
 
@@ -700,7 +778,7 @@ def serve(
         collect_snapshot = functools.partial(
             collect, run_time_stats=run_time_stats, watcher_status=watcher_status
         )
-        handler = make_handler(layout, collect_snapshot, reader)
+        handler = make_handler(layout, collect_snapshot, reader, engine_pressure_reader())
         server = metrics_server(address, port, handler)
         try:
             server.serve_forever()
@@ -725,7 +803,8 @@ def exporter_main(argv=None):
 
     parser = argparse.ArgumentParser(
         prog="zerolayer-route-exporter",
-        description="Serve the router's pinned maps as Prometheus metrics on /metrics.",
+        description="Serve the router's pinned maps, and the memory pressure of the node's engine "
+        "slices, as Prometheus metrics on /metrics.",
     )
     parser.add_argument(
         "--listen-address",

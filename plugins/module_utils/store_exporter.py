@@ -15,6 +15,8 @@ zerolayer-store-exporter, run on each member of the store by the rollout_store r
   watch_deadlines()  every few seconds, each wave past its progress deadline announced
                 once (an event to the notification sinks) and, where its record asks and
                 this exporter may, aborted
+  EventsPrune   every hour, the events older than the retention deleted
+                (events_retention.py), so the store does not grow to its quota
 
 A key the exporter does not understand (a record of another format, an owner that is not
 JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the other waves
@@ -30,6 +32,7 @@ import sys
 import threading
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    events_retention,
     exposition,
     notify,
     rollout,
@@ -58,6 +61,8 @@ _HELP = {
     "the fleet writes there (left out of the other series)",
     "zerolayer_rollout_store_fence_epoch": "The fleet's fence epoch in the store (0 before the "
     "first rollback or abort)",
+    "zerolayer_rollout_store_alarm_active": "Members of the store that have raised this etcd "
+    "alarm (NOSPACE: the store refuses every write until it is disarmed)",
     "zerolayer_rollout_store_wave_info": "A wave's record in the store and its outcome",
     "zerolayer_rollout_store_wave_running": "1 while the wave's record is running and not paused",
     "zerolayer_rollout_store_wave_paused": "1 while the wave is paused",
@@ -106,10 +111,32 @@ def read_store(store):
     return {"fence": None if fence is None else fence.value, "owners": owners, "records": records}
 
 
+# The alarms etcd has (etcdserverpb.AlarmType): each is exported, 0 while not raised, so a
+# rule can tell "no alarm" from "not read".
+ALARMS = ("NOSPACE", "CORRUPT")
+
+
+def read_alarms(store):
+    """{alarm: members that raised it} of the store's alarms; every one of ALARMS is there.
+
+    NOSPACE is raised when a member's database reached --quota-backend-bytes; from then on
+    the store refuses every write (puts, transactions, leases), a rollback's fence too, until
+    an operator frees space and disarms it (docs/runbook.md#rollout-store-no-space)."""
+    answer = store.client.call("/v3/maintenance/alarm", {"action": "GET"})
+    counts = dict.fromkeys(ALARMS, 0)
+    for entry in answer.get("alarms") or []:
+        name = entry.get("alarm") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name and name != "NONE":
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def collect(store, now=None):
-    """store_state() of one look at the store, or {"up": False, "error"} when it failed."""
+    """store_state() of one look at the store with its alarms, or {"up": False, "error"}
+    when it failed."""
     try:
         state = store_state(read_store(store), now)
+        state["alarms"] = read_alarms(store)
     except FleetError as exc:  # StoreUnavailable, or the store refused (permission denied)
         state = {"up": False, "error": exc.message}
     state["node_artifact"] = exposition.node_artifact_version()
@@ -253,6 +280,12 @@ def render(state):
     _family(lines, "zerolayer_rollout_store_unreadable_keys", [([], state["unreadable"])])
     if state["fence_epoch"] is not None:
         _family(lines, "zerolayer_rollout_store_fence_epoch", [([], state["fence_epoch"])])
+    if state.get("alarms") is not None:
+        _family(
+            lines,
+            "zerolayer_rollout_store_alarm_active",
+            [([("alarm", name)], count) for name, count in sorted(state["alarms"].items())],
+        )
     waves = state["waves"]
 
     def per_wave(name, value_of, only=lambda wave: True, extra=()):
@@ -414,6 +447,62 @@ class DeadlineWatch(threading.Thread):
         self.stopped.set()
 
 
+# The events' retention: every member prunes, an hour apart; a delete already done by another
+# member is skipped (events_retention.delete_events compares each key's revision).
+
+EVENTS_PRUNE_INTERVAL_S = 3600.0
+# The first prune waits a little: the exporter has just started, with the member often
+# (re)started just before it by the same run of the role.
+EVENTS_PRUNE_FIRST_S = 60.0
+
+
+class EventsPrune(threading.Thread):
+    """events_retention.prune() every interval until stop(); logs what it deleted, and a
+    failure when it changes."""
+
+    def __init__(
+        self,
+        store,
+        retention_s,
+        interval_s=EVENTS_PRUNE_INTERVAL_S,
+        first_s=EVENTS_PRUNE_FIRST_S,
+        log=None,
+    ):
+        super().__init__(name="events-prune", daemon=True)
+        self.store = store
+        self.retention_s = events_retention.validate_retention(retention_s, "retention_s")
+        self.interval_s, self.first_s = interval_s, first_s
+        self.log = log or (lambda line: sys.stderr.write(line + "\n"))
+        self.stopped = threading.Event()
+        self.last_error = None
+
+    def prune_once(self):
+        try:
+            done = events_retention.prune(self.store, self.retention_s)
+            error = None
+            if done["deleted"]:
+                self.log(
+                    "events pruned: %d older than %.0f s deleted, %d kept"
+                    % (done["deleted"], self.retention_s, done["kept"])
+                )
+        except FleetError as exc:
+            error = exc.message
+        except ValueError as exc:  # a key that is not UTF-8: the thread must live on
+            error = "the store's answer cannot be read: %s" % exc
+        if error != self.last_error:
+            self.log("events prune: %s" % (error or "store read again"))
+            self.last_error = error
+
+    def run(self):
+        wait = self.first_s
+        while not self.stopped.wait(wait):
+            self.prune_once()
+            wait = self.interval_s
+
+    def stop(self):
+        self.stopped.set()
+
+
 # Settings
 
 
@@ -474,20 +563,22 @@ def make_handler(read_state):
     return exposition.metrics_handler(lambda: render(read_state()), "zerolayer-store-exporter")
 
 
-def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None, watch=None):
+def serve(store, address=DEFAULT_ADDRESS, port=DEFAULT_PORT, ready=None, watch=None, prune=None):
     """Serve /metrics until interrupted; ready(server) is called once it listens.
 
-    watch: a DeadlineWatch run beside the server (None: no deadline watch)."""
+    watch: a DeadlineWatch run beside the server (None: no deadline watch); prune: an
+    EventsPrune (None: events are kept)."""
     server = exposition.metrics_server(address, port, make_handler(StoreReader(store)))
-    if watch is not None:
-        watch.start()
+    beside = [thread for thread in (watch, prune) if thread is not None]
+    for thread in beside:
+        thread.start()
     try:
         if ready is not None:
             ready(server)
         server.serve_forever()
     finally:
-        if watch is not None:
-            watch.stop()
+        for thread in beside:
+            thread.stop()
         server.server_close()
 
 
@@ -526,6 +617,13 @@ def build_parser():
         "announced once to the notification sinks (default %(default)s; 0 turns it off)",
     )
     parser.add_argument(
+        "--events-retention-days",
+        type=float,
+        default=0.0,
+        help="delete the store's events older than this many days, every hour "
+        "(default 0: keep every event); needs readwrite on the store's events/",
+    )
+    parser.add_argument(
         "--abort-stuck",
         action="store_true",
         help="abort a stuck wave's rollout where its record asks for it "
@@ -546,12 +644,20 @@ def exporter_main(argv=None):
             "--deadline-watch-interval must be seconds >= 0 (0: off); got %s"
             % args.deadline_watch_interval
         )
+    max_days = events_retention.MAX_RETENTION_S // 86400
+    if not 0 <= args.events_retention_days < max_days:
+        parser.error(
+            "--events-retention-days must be days from 0 (keep every event) to below %d; got %s"
+            % (max_days, args.events_retention_days)
+        )
     try:
         store = store_from_config(args.store_config, args.timeout)
-        watch = None
+        watch = prune = None
         if args.deadline_watch_interval > 0:
             watch = DeadlineWatch(store, args.abort_stuck, args.deadline_watch_interval)
-        serve(store, args.listen_address, args.port, watch=watch)
+        if args.events_retention_days > 0:
+            prune = EventsPrune(store, args.events_retention_days * 86400.0)
+        serve(store, args.listen_address, args.port, watch=watch, prune=prune)
     except (FleetError, OSError) as exc:
         message = getattr(exc, "message", None) or str(exc)
         sys.stderr.write("zerolayer-store-exporter: %s\n" % message)

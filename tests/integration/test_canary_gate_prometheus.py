@@ -276,11 +276,14 @@ def test_passing_gates_through_ansible_then_complete_when_the_hold_is_over(
     assert 3000 - 60 < result["hold_remaining_s"] <= 3000
     assert json.loads(state_file.read_text())["evaluations"] == 1
 
-    args["hold_started_at"] = g.format_timestamp(utc(seconds_ago=7200))
+    # The next stage, whose hold started two hours ago: its first evaluation finds the
+    # hold over (the hold counts time watched, so an earlier start of the same stage's hold
+    # would not: only a stage's own gaps count).
+    args.update(stage=2, hold_started_at=g.format_timestamp(utc(seconds_ago=7200)))
     result = run_ansible_module(args, tmp_path)
     assert (result["verdict"], result["decision"]) == ("pass", "complete")
     assert result["hold_remaining_s"] == 0
-    assert json.loads(state_file.read_text())["evaluations"] == 2
+    assert json.loads(state_file.read_text())["evaluations"] == 1
 
 
 def test_check_mode_through_ansible_evaluates_but_writes_nothing(exposition, prometheus, tmp_path):
@@ -464,7 +467,7 @@ def default_gates():
     )
     environment = NativeEnvironment()
     rendered = []
-    for gate in data["canary_gates"]:
+    for gate in data["canary_gates_default"]:
         rendered.append(
             {
                 key: environment.from_string(value).render(context)

@@ -20,15 +20,20 @@ EXTERNAL_METRICS = {
     "up": "prometheus",
     # node_exporter run with --collector.systemd.
     "node_systemd_unit_state": "node_exporter",
-    # cAdvisor (cgroup v2, --docker_only=false): per-cgroup memory PSI "some".
-    "container_pressure_memory_waiting_seconds_total": "cadvisor",
+    # etcd itself, the rollout store's members (job zerolayer-rollout-store-etcd, on
+    # rollout_store_metrics_port); tests/store/test_store_maintenance.py reads them from a
+    # real member.
+    "etcd_mvcc_db_total_size_in_bytes": "etcd",
+    "etcd_server_quota_backend_bytes": "etcd",
 }
 
 # Names the engines and DCGM's exporter serve: they must be in one of the recorded /metrics
 # fixtures (tests/fixtures/metrics: real vLLM, Triton with TensorRT-LLM, dcgm-exporter).
 ENGINE_NAME = re.compile(r"^(vllm:.+|http_requests_total|nv_.+|DCGM_FI_.+)$")
 # Names zerolayer-route-exporter serves (the exporter's own rendering proves them here).
-EXPORTER_NAME = re.compile(r"^zerolayer_(router|route|rollout(?!_store_)|node|fence_watcher)_\w+$")
+EXPORTER_NAME = re.compile(
+    r"^zerolayer_(router|route|rollout(?!_store_)|node|fence_watcher|engine_memory_pressure)_\w+$"
+)
 # Names zerolayer-store-exporter serves (store_exporter_text() proves them).
 STORE_EXPORTER_NAME = re.compile(r"^zerolayer_rollout_store_\w+$")
 COLLECTIONS_PATH = REPO / ".collections"
@@ -120,8 +125,9 @@ def recorded_names():
 
 
 def exporter_text():
-    """What zerolayer-route-exporter serves for an attached router with a route, during a
-    rollout that was rolled back: every family it has, rendered by its own code."""
+    """What zerolayer-route-exporter serves for an attached router with a route and an engine,
+    its fence watcher connected, during a rollout that was rolled back: every family it has,
+    rendered by its own code."""
     import datetime
     import sys
 
@@ -153,13 +159,38 @@ def exporter_text():
         ],
         "latency_buckets": [1] * 64,
         "rollout": exposition.rollout_from_record(record),
+        "fence": {
+            "epoch": 2,
+            "kept_detached": False,
+            "watcher": {
+                "connected": True,
+                "store_epoch": 2,
+                "last_ack_epoch": 2,
+                "last_ack_at_unix": 1740830400.0,
+                "updated_at_unix": 1740830410.0,
+                "direct_connections": {"chat": 1},
+            },
+        },
+        "engine_pressure": {
+            "engines": [
+                {
+                    "engine": "chat",
+                    "pressure": {
+                        "some": {"avg10": 0.01, "total": 2.5},
+                        "full": {"avg10": 0.0, "total": 0.5},
+                    },
+                }
+            ],
+            "error": None,
+        },
     }
     return exposition.render(snapshot)
 
 
 def store_exporter_text():
     """What zerolayer-store-exporter serves for a store holding every kind of wave: one
-    running with its runner's lease, one paused, one rolled back, rendered by its own code."""
+    running with its runner's lease, one paused, one rolled back, and an alarm raised,
+    rendered by its own code."""
     import datetime
     import json
     import sys
@@ -194,4 +225,6 @@ def store_exporter_text():
             ],
         }
     )
+    # collect() reads the store's alarms beside its keys: one member raised NOSPACE.
+    state["alarms"] = {"NOSPACE": 1, "CORRUPT": 0}
     return store_exporter.render(state)

@@ -121,6 +121,20 @@ def router_text(weight_bp, rollout_state=None):
         ],
         # One decision in 16 is timed: 20 of 64-128 ns, 40 of 128-256 ns, 2 of 256-512 ns.
         "latency_buckets": [0] * 6 + [20, 40, 2],
+        # The engine's slice waits for memory 1% of the time (some), 0.2% (full): per
+        # COUNTER_PERIOD, 0.1 s and 0.02 s of stall.
+        "engine_pressure": {
+            "engines": [
+                {
+                    "engine": "chat",
+                    "pressure": {
+                        "some": {"avg10": 0.01, "total": 0.1},
+                        "full": {"avg10": 0.002, "total": 0.02},
+                    },
+                }
+            ],
+            "error": None,
+        },
     }
     if rollout_state is not None:
         now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -143,14 +157,16 @@ def router_text(weight_bp, rollout_state=None):
 class Fleet:
     """Two nodes; the first is the stage's. `change(name, labels, kind, value, samples)`
     (samples: the whole scrape, parsed) returns the stage node's (before, after) values
-    around the stage start, or None to keep the recorded value; `extra` adds series to the
-    stage node: [(name, labels, kind, before, after)]."""
+    around the stage start, or None to keep the recorded value; `router_change` does the
+    same for its route exporter's series; `extra` adds series to the stage node:
+    [(name, labels, kind, before, after)]."""
 
     name: str
     engines: tuple
     dcgm: bool = False
     change: object = None
     extra: list = field(default_factory=list)
+    router_change: object = None
 
     @property
     def nodes(self):
@@ -190,6 +206,16 @@ def _earlier_bucket(samples, name, labels, by):
     bounds = [bound for bound, _value in same]
     index = bounds.index(float(labels["le"]))
     return same[index - by][1] if index >= by else 0.0
+
+
+def memory_stalls(name, labels, kind, value, samples):
+    """The engine's slice waits for memory 80% of the time (some), 40% (all its tasks)."""
+    share = {"some": 0.8, "full": 0.4}.get(labels.get("kind"))
+    if name == "zerolayer_engine_memory_pressure_seconds_total" and share:
+        return value, share * COUNTER_PERIOD
+    if name == "zerolayer_engine_memory_pressure_ratio" and share:
+        return value, share
+    return None
 
 
 def vllm_worse(name, labels, kind, value, samples):
@@ -236,11 +262,13 @@ FLEETS = {
         Fleet("triton-histograms", (TRITON, TRITON_HISTOGRAMS)),
         # DCGM beside vLLM: the KV cache fills after the stage start, the GPU memory does not.
         Fleet("vllm-dcgm", (VLLM,), dcgm=True, change=vllm_kv_up),
-        # The stage node gets slower to the first token, answers 5xx, fills its KV cache.
+        # The stage node gets slower to the first token, answers 5xx, fills its KV cache,
+        # and its engine's slice stalls on memory.
         Fleet(
             "vllm-worse",
             (VLLM,),
             change=vllm_worse,
+            router_change=memory_stalls,
             extra=[
                 (
                     "http_requests_total",
@@ -335,7 +363,7 @@ def fleet_series(fleet):
             (
                 {"job": "zerolayer-router", "instance": f"{node}:9464", **common},
                 [router_text(100 if stage else 0)],
-                None,
+                fleet.router_change if stage else None,
                 (),
             ),
         ]
@@ -438,13 +466,17 @@ class RecordedPrometheus(PrometheusProcess):
 
 
 def default_gates(**variables):
-    """The default gates (roles/rollout_settings/defaults/main/gates.yml) rendered as Ansible
-    renders them, with the file's variables overridden by `variables`."""
+    """The gates `canary_gates` gives (roles/rollout_settings/defaults/main/gates.yml: the
+    default ones, then the optional ones switched on) rendered as Ansible renders them, with
+    the file's variables overridden by `variables`."""
+    from ansible.module_utils.parsing.convert_bool import boolean
     from jinja2.nativetypes import NativeEnvironment
 
     data = yaml.safe_load(GATES.read_text())
     context = {**data, **variables}
     environment = NativeEnvironment()
+    environment.filters["bool"] = boolean
+    gates = environment.from_string(context["canary_gates"]).render(context)
     return [
         {
             key: environment.from_string(value).render(context)
@@ -452,5 +484,5 @@ def default_gates(**variables):
             else value
             for key, value in gate.items()
         }
-        for gate in data["canary_gates"]
+        for gate in gates
     ]

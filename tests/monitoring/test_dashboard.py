@@ -217,6 +217,7 @@ def test_exporter_text_has_every_family_it_can_serve():
         "zerolayer_rollout_weight_ratio",
         "zerolayer_rollout_info",
         "zerolayer_rollout_rollback_timestamp_seconds",
+        "zerolayer_engine_memory_pressure_seconds_total",
     ):
         assert name in exported, name
     assert "zerolayer_rollback_total" not in exported

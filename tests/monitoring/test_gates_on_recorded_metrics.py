@@ -34,10 +34,11 @@ def placeholders(prometheus, fleet, stage_nodes=STAGE_NODE):
     )
 
 
-def evaluate(prometheus, fleet, stage_nodes=STAGE_NODE, **variables):
-    """One evaluation of the default gates of `fleet` at END: {gate name: result}."""
+def evaluate(prometheus, fleet, stage_nodes=STAGE_NODE, names=GATE_NAMES, **variables):
+    """One evaluation of the gates of `fleet` at END (the default ones unless `variables`
+    switch an optional one on, then `names`): {gate name: result}."""
     definitions = default_gates(**fleet.selectors(), **variables)
-    assert tuple(gate["name"] for gate in definitions) == GATE_NAMES
+    assert tuple(gate["name"] for gate in definitions) == names
     evaluation = g.evaluate_gates(
         g.validate_gates(definitions),
         lambda promql: parse_query_response(prometheus.api(promql)),
@@ -189,3 +190,63 @@ def test_stage_nodes_are_matched_literally(recorded_prometheus):
     result = evaluate(recorded_prometheus, fleet, stage_nodes=["vllm.1.test"])
     assert result["ttft_p99_ratio"]["verdict"] == "hold"
     assert result["gpu_memory_spike"]["verdict"] == "hold"
+
+
+# ---------------------------------------------------------------- the optional gates
+
+WITH_MEMORY = (*GATE_NAMES, "engine_memory_pressure")
+
+
+@pytest.mark.parametrize(
+    ("fleet_name", "verdict", "value"),
+    [
+        # Every engine's slice stalls 1% of the time.
+        ("vllm", "pass", 0.01),
+        # The stage node's stalls 80% of the time since the stage began; the window (5m)
+        # lies wholly after the stage start.
+        ("vllm-worse", "fail", 0.8),
+    ],
+)
+def test_engine_memory_pressure_judges_the_stage_nodes_engines(
+    recorded_prometheus, fleet_name, verdict, value
+):
+    fleet = FLEETS[fleet_name]
+    results = evaluate(
+        recorded_prometheus,
+        fleet,
+        names=WITH_MEMORY,
+        canary_gates_engine_memory_pressure_enabled="true",
+    )
+    result = results["engine_memory_pressure"]
+    assert result["verdict"] == verdict, result["reason"]
+    assert result["value"] == pytest.approx(value)
+    # One series, the stage node's engine: the other node's pressure is not the stage's.
+    assert result["series"] == 1
+    assert result["worst_series"] == {
+        "instance": f"{fleet.stage_node}:9464",
+        "node": fleet.stage_node,
+        "engine": "chat",
+    }
+    assert result["samples"] >= result["min_samples"] == 2
+
+
+def test_engine_memory_pressure_is_off_unless_switched_on():
+    names = [
+        gate["name"] for gate in default_gates(canary_gates_engine_memory_pressure_enabled=False)
+    ]
+    assert names == list(GATE_NAMES)
+
+
+def test_engine_memory_pressure_holds_where_the_nodes_export_none(recorded_prometheus):
+    # A node without PSI (or an exporter older than the gate) exports no pressure: the gate
+    # holds for want of data instead of passing blind.
+    fleet = FLEETS["vllm"]
+    result = evaluate(
+        recorded_prometheus,
+        fleet,
+        stage_nodes=["no-such-node.test"],
+        names=WITH_MEMORY,
+        canary_gates_engine_memory_pressure_enabled=True,
+    )["engine_memory_pressure"]
+    assert result["verdict"] == "hold"
+    assert result["reason"].startswith("too few samples: 0"), result["reason"]

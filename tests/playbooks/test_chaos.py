@@ -4,12 +4,15 @@ Each case states what it proves. The other chaos cases of the drill live beside 
 playbooks they exercise (test_canary_playbooks.py): Prometheus down during a gate (the
 stage holds, never rolls back), a node unreachable during a rollback (the others roll back,
 the report names it, exit non-zero), a canary run killed mid-hold and resumed (only the
-remaining hold is waited).
+remaining hold is waited). An engine's slice under memory pressure is seen by the node's
+route exporter.
 """
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 
 import pytest
 
@@ -123,3 +126,135 @@ def test_proxy_restarted_at_full_weight_loses_no_request(fleet, baseline, load):
     for node in fleet.nodes:
         assert engine_after[node] > engine_before[node], node
         assert is_active(fleet, node, "nginx.service"), node
+
+
+# A process that keeps reading a file larger than its memory limit, dropping the file's
+# cached pages before each pass: every pass charges new page cache to the process's memory
+# cgroup, which the kernel must reclaim at the limit, and that reclaim is a memory stall
+# (PSI). Page cache rather than anonymous memory: nodes have no swap, so anonymous memory
+# over the limit would end in the OOM killer instead of a stall. On a hybrid-cgroup host (the
+# sandbox's) the memory controller is cgroup v1 and not delegated to the node's systemd, so
+# the process joins a v1 memory group made for it; PSI still counts its stalls in its
+# unified cgroup, the engine's slice.
+STRESS = """
+import os, sys, time
+path, memcg, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if memcg:
+    with open(os.path.join(memcg, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    with open(path, "rb") as data:
+        os.posix_fadvise(data.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        while data.read(1 << 20):
+            pass
+"""
+STRESS_UNIT = "zl-test-memory-stress.service"
+STRESS_FILE = "/var/tmp/zl-test-memory-stress.bin"
+STRESS_MEMCG_V1 = "/sys/fs/cgroup/memory/zl-test-memory-stress"
+STRESS_LIMIT = "32M"
+STRESS_FILE_MIB = 128
+
+
+def engine_pressure(fleet, node, engine):
+    """{(family suffix, kind): value} of the engine's memory pressure series on the node's
+    route exporter, scraped as Prometheus scrapes it."""
+    port = fleet.node_vars[node].get("ebpf_router_exporter_port", 9464)
+    url = "http://%s:%d/metrics" % (fleet.address(node), port)
+    with urllib.request.urlopen(url, timeout=10) as reply:  # noqa: S310 - the node's exporter
+        text = reply.read().decode()
+    found = {}
+    pattern = re.compile(
+        r'^zerolayer_engine_memory_pressure_(\w+)\{engine="%s"(?:,kind="(\w+)")?[^}]*\} (\S+)$'
+        % re.escape(engine),
+        re.M,
+    )
+    for suffix, kind, value in pattern.findall(text):
+        found[(suffix, kind or None)] = float(value)
+    return found
+
+
+def test_an_engine_slice_under_memory_pressure_shows_in_the_route_exporter(fleet):
+    """Proves: the route exporter reads the engine slice's own PSI. A process started inside
+    the engine's slice (zerolayer-engine-<name>.slice), made to reclaim memory all the time,
+    moves that engine's stall counter and its 10 s average on the node's /metrics."""
+    node = fleet.nodes[0]
+    engine = fleet.engine["name"]
+    engine_slice = "zerolayer-engine-%s.slice" % engine
+    before = engine_pressure(fleet, node, engine)
+    assert before.get(("ok", None)) == 1, before
+    assert ("seconds_total", "some") in before and ("ratio", "some") in before, before
+    # A unified host's systemd enforces the unit's own limit; a hybrid one's cannot.
+    unified = fleet.exec(node, "test", "-e", "/sys/fs/cgroup/cgroup.controllers", check=False)
+    memcg = "" if unified.returncode == 0 else STRESS_MEMCG_V1
+    started = time.monotonic()
+    try:
+        fleet.exec(
+            node,
+            "dd",
+            "if=/dev/zero",
+            "of=" + STRESS_FILE,
+            "bs=1M",
+            "count=%d" % STRESS_FILE_MIB,
+            "status=none",
+        )
+        if memcg:
+            fleet.exec(node, "mkdir", memcg)
+            fleet.exec(
+                node, "sh", "-c", 'echo %s > "$1"/memory.limit_in_bytes' % STRESS_LIMIT, "-", memcg
+            )
+        fleet.exec(
+            node,
+            "systemd-run",
+            "--unit",
+            STRESS_UNIT,
+            "--slice",
+            engine_slice,
+            "--collect",
+            # The test stops it; the limit on its run time is for a test that cannot.
+            "-p",
+            "RuntimeMaxSec=60",
+            "-p",
+            "MemoryMax=%s" % STRESS_LIMIT,
+            "python3",
+            "-c",
+            STRESS,
+            STRESS_FILE,
+            memcg,
+            "45",
+        )
+        group = fleet.exec(node, "systemctl", "show", "-P", "ControlGroup", STRESS_UNIT).stdout
+        assert group.strip().endswith("/%s/%s" % (engine_slice, STRESS_UNIT)), group
+
+        def moved():
+            now = engine_pressure(fleet, node, engine)
+            grew = now[("seconds_total", "some")] > before[("seconds_total", "some")]
+            return now if grew and now[("ratio", "some")] > 0 else None
+
+        during = wait_for(moved, 30, "the engine's memory stalls on its exporter")
+    finally:
+        fleet.exec(
+            node,
+            "sh",
+            "-c",
+            'systemctl stop "$1" 2>/dev/null; if [ -n "$2" ] && [ -d "$2" ]; then rmdir "$2"; fi;'
+            ' rm -f "$3"',
+            "-",
+            STRESS_UNIT,
+            memcg,
+            STRESS_FILE,
+        )
+    print(
+        "engine %s on %s: PSI some total %.6f -> %.6f s, avg10 %.4f -> %.4f, in %.1f s"
+        % (
+            engine,
+            node,
+            before[("seconds_total", "some")],
+            during[("seconds_total", "some")],
+            before[("ratio", "some")],
+            during[("ratio", "some")],
+            time.monotonic() - started,
+        )
+    )
+    assert fleet.exec(node, "systemctl", "is-active", STRESS_UNIT, check=False).returncode != 0
+    assert fleet.exec(node, "test", "-e", STRESS_FILE, check=False).returncode != 0

@@ -454,3 +454,78 @@ def test_the_watchers_count_of_direct_connections_is_exported_per_route():
     # A watcher that could not count (or an older one) exports no such series.
     fence["watcher"]["direct_connections"] = None
     assert "zerolayer_route_direct_connections" not in exposition.render({"fence": fence})
+
+
+# ---------------------------------------------------------------- engines' memory pressure
+
+PRESSURE = {
+    "engines": [
+        {
+            "engine": "chat",
+            "pressure": {
+                "some": {"avg10": 0.0139, "total": 0.331037},
+                "full": {"avg10": 0.0051, "total": 0.105491},
+            },
+        },
+        {"engine": "embed", "pressure": {"some": {"avg10": 0.0, "total": 0.0}}},
+        {"engine": "batch", "error": "memory.pressure does not exist (PSI off in this kernel?)"},
+    ],
+    "error": "memory.pressure does not exist (PSI off in this kernel?)",
+}
+
+
+def test_engine_memory_pressure_per_engine_and_kind():
+    text = exposition.render(snapshot(engine_pressure=PRESSURE))
+    found = samples(text)
+    assert found['zerolayer_engine_memory_pressure_ok{engine="chat"}'] == 1
+    assert found['zerolayer_engine_memory_pressure_ok{engine="batch"}'] == 0
+    ratio = "zerolayer_engine_memory_pressure_ratio"
+    assert found['%s{engine="chat",kind="some",window="10s"}' % ratio] == 0.0139
+    assert found['%s{engine="chat",kind="full",window="10s"}' % ratio] == 0.0051
+    seconds = "zerolayer_engine_memory_pressure_seconds_total"
+    assert found['%s{engine="chat",kind="some"}' % seconds] == 0.331037
+    # A kernel that wrote no "full" line: no full series, rather than a made-up zero.
+    assert '%s{engine="embed",kind="full"}' % seconds not in found
+    assert found['%s{engine="embed",kind="some"}' % seconds] == 0
+    # An engine whose file could not be read says so, and has no pressure series.
+    assert not [series for series in found if 'engine="batch"' in series and "_ok" not in series]
+    assert types(text)[seconds] == "counter"
+    assert types(text)[ratio] == "gauge"
+    promtool_check(text)
+
+
+def test_no_engine_slice_gives_no_engine_family():
+    text = exposition.render(snapshot(engine_pressure={"engines": [], "error": None}))
+    assert "zerolayer_engine_" not in text
+
+
+def test_an_engine_slice_not_understood_keeps_everything_else_served(tmp_path):
+    mount = tmp_path / "cgroup"
+    engines = mount.joinpath("zerolayer.slice", "zerolayer-engine.slice")
+    (engines / "zerolayer-engine-chat.slice").mkdir(parents=True)
+    (engines / "zerolayer-engine-chat.slice" / "memory.pressure").write_text("garbage\n")
+    (mount / "cgroup.controllers").write_text("")
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/system.slice/zerolayer-route-exporter.service\n")
+    logged = []
+    reader = exposition.engine_pressure_reader(
+        log=logged.append, mounts=(str(mount),), own_cgroup=str(own)
+    )
+    handler = exposition.make_handler(None, lambda _layout: snapshot(), None, reader)
+    status, body = scrape(handler)
+    assert status == 200
+    found = samples(body)
+    assert found['zerolayer_engine_memory_pressure_ok{engine="chat"}'] == 0
+    assert found['zerolayer_route_weight_ratio{route="chat",port="8080"}'] == 0.125
+    assert "zerolayer_engine_memory_pressure_seconds_total" not in body
+    # Read again on the next scrape, and the reason logged once until it changes.
+    (engines / "zerolayer-engine-chat.slice" / "memory.pressure").write_text(
+        "some avg10=2.00 avg60=0.00 avg300=0.00 total=5000000\n"
+    )
+    found = samples(scrape(handler)[1])
+    assert found['zerolayer_engine_memory_pressure_seconds_total{engine="chat",kind="some"}'] == 5
+    assert found['zerolayer_engine_memory_pressure_ok{engine="chat"}'] == 1
+    assert len(logged) == 2, logged
+    assert logged[0].startswith("engine memory pressure not exported: ")
+    assert "has no 'some' line" in logged[0]
+    assert logged[1] == "engine memory pressure read again\n"

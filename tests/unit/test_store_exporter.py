@@ -252,6 +252,7 @@ def test_every_family_has_help_and_type():
             [("gpu_nodes", owner(), 27)],
         )
     )
+    state["alarms"] = {"NOSPACE": 0, "CORRUPT": 0}  # collect() reads them beside the keys
     text = se.render(state)
     families = set(re.findall(r"^# TYPE (\S+) gauge$", text, re.MULTILINE))
     assert families == set(se._HELP), "every series is rendered for this state"
@@ -334,7 +335,9 @@ def test_reader_logs_a_failure_once_and_the_recovery():
         if answer is not None:
             raise answer
 
-    client = types.SimpleNamespace(get=get, get_prefix=lambda _prefix: [])
+    client = types.SimpleNamespace(
+        get=get, get_prefix=lambda _prefix: [], call=lambda _path, _body: {"alarms": []}
+    )
     reader = se.StoreReader(types.SimpleNamespace(client=client, key=store_key), logged.append)
     assert [reader()["up"] for _scrape in range(3)] == [False, False, True]
     assert logged == ["rollout store not read: down\n", "rollout store read again\n"]
@@ -442,3 +445,104 @@ def test_a_wave_a_rollback_fenced_is_not_stuck():
         raw([("chat-a/wave_canary", encoded(fenced))], fence=b'{"epoch": 3}'), later
     )["waves"]
     assert wave["stuck"] is True
+
+
+# ---------------------------------------------------------------- alarms and events' retention
+
+
+def alarm_store(alarms):
+    """A stand-in store with no keys whose alarm list is `alarms` (etcd's JSON)."""
+    asked = []
+
+    def call(path, body):
+        asked.append((path, body))
+        return {"alarms": alarms}
+
+    client = types.SimpleNamespace(get=lambda _key: None, get_prefix=lambda _prefix: [], call=call)
+    return types.SimpleNamespace(client=client, key=store_key), asked
+
+
+def test_alarms_are_counted_per_kind_and_known_ones_are_always_there():
+    store, asked = alarm_store(
+        [
+            {"memberID": "1", "alarm": "NOSPACE"},
+            {"memberID": "2", "alarm": "NOSPACE"},
+            {"memberID": "2", "alarm": "NONE"},
+            "not an alarm",
+        ]
+    )
+    assert se.read_alarms(store) == {"NOSPACE": 2, "CORRUPT": 0}
+    assert asked == [("/v3/maintenance/alarm", {"action": "GET"})]
+    quiet, _asked = alarm_store([])
+    got = samples(se.render(se.collect(quiet)))
+    assert got[("zerolayer_rollout_store_alarm_active", frozenset({("alarm", "NOSPACE")}))] == 0
+    assert got[("zerolayer_rollout_store_alarm_active", frozenset({("alarm", "CORRUPT")}))] == 0
+
+
+def test_a_store_whose_alarms_cannot_be_read_is_not_up():
+    def refused(_path, _body):
+        raise FleetError("the rollout store refused /v3/maintenance/alarm: no leader")
+
+    store, _asked = alarm_store([])
+    store.client.call = refused
+    state = se.collect(store)
+    assert (state["up"], state["error"]) == (
+        False,
+        "the rollout store refused /v3/maintenance/alarm: no leader",
+    )
+
+
+def test_command_line_refuses_a_bad_events_retention(capsys):
+    for bad in ("-1", "nan", "10000"):
+        with pytest.raises(SystemExit) as stopped:
+            se.exporter_main(["--store-config", "/nonexistent", "--events-retention-days", bad])
+        assert stopped.value.code == 2
+        assert "--events-retention-days must be days from 0" in capsys.readouterr().err
+
+
+def test_events_prune_runs_after_its_first_wait_and_logs_failures_once(monkeypatch):
+    logged, results = (
+        [],
+        iter(
+            [
+                {"deleted": 3, "kept": 1, "undated": 0},
+                FleetError("down"),
+                FleetError("down"),
+                {"deleted": 0, "kept": 1, "undated": 0},
+            ]
+        ),
+    )
+    calls = []
+
+    def prune(store, retention_s):
+        calls.append(retention_s)
+        result = next(results)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    monkeypatch.setattr(se.events_retention, "prune", prune)
+    thread = se.EventsPrune(object(), 86400, log=logged.append)
+    for _round in range(4):
+        thread.prune_once()
+    assert calls == [86400.0] * 4
+    assert logged == [
+        "events pruned: 3 older than 86400 s deleted, 1 kept",
+        "events prune: down",
+        "events prune: store read again",
+    ]
+    with pytest.raises(FleetError, match="retention_s must be a number of seconds above 0"):
+        se.EventsPrune(object(), 0)
+
+
+def test_events_prune_thread_waits_first_then_stops(monkeypatch):
+    ran = threading.Event()
+    monkeypatch.setattr(se.events_retention, "prune", lambda *_a: ran.set() or {"deleted": 0})
+    thread = se.EventsPrune(object(), 60, interval_s=3600, first_s=0.05, log=lambda _l: None)
+    thread.start()
+    try:
+        assert ran.wait(5), "the first prune comes after first_s"
+    finally:
+        thread.stop()
+        thread.join(5)
+    assert not thread.is_alive()
