@@ -184,9 +184,21 @@ class EtcdClient:
                 "the rollout store user %s has no password (password_file)" % self.user,
                 {"field": "password_file"},
             )
-        answer = self.call(
-            "/v3/auth/authenticate", {"name": self.user, "password": self.password}, token=False
-        )
+        try:
+            answer = self.call(
+                "/v3/auth/authenticate", {"name": self.user, "password": self.password}, token=False
+            )
+        except StoreUnavailable:
+            raise
+        except FleetError as exc:
+            if "authentication failed" not in exc.message:
+                raise
+            # A login refused is bad input (the user or its password), named as such.
+            raise FleetError(
+                "the rollout store refused the login of user %s (%s): check user and "
+                "password_file" % (self.user, exc.details.get("store_error") or exc.message),
+                dict(exc.details, field="password_file"),
+            ) from None
         self._token = answer.get("token")
 
     def call(self, path, body, token=True):

@@ -11,6 +11,7 @@ import secrets
 import time
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
@@ -164,3 +165,15 @@ def test_a_best_effort_event_on_a_refusing_store_is_a_warning(auth_member, passw
         password_file=password_files["right"], **{**common, "type": "no_such_event"},
     )  # fmt: skip
     assert refused.get("failed") and refused.get("field") == "type", refused
+
+
+def test_zerolayer_says_a_refused_login_is_bad_input_naming_the_password_file(
+    auth_member, password_files, capsys
+):
+    argv = ["--endpoints", auth_member.url, "--user", "root", "rollout", "status"]
+    wrong = rollout_cli.main([*argv, "--password-file", str(password_files["wrong"])])
+    said = capsys.readouterr().err
+    assert wrong == rollout_cli.EXIT_BAD_INPUT, said
+    assert "login of user root" in said and "password_file" in said, said
+    assert said.count("\n") == 1, "one line"
+    assert rollout_cli.main([*argv, "--password-file", str(password_files["right"])]) == 0
