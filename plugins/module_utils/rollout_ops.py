@@ -177,30 +177,28 @@ def _add_nodes_after_rollback(store, fence, rollouts):
 
 def _add_live_weights(store, rollouts):
     """Beside each wave's recorded weight per node, the weights the node has now, as its
-    fence watcher last read them (store.live_readings), and which nodes differ from what
-    they should have: the record's weight, or 0 once a rollback fenced or superseded it."""
+    fence watcher last read it (store.live_readings). Judged only for a wave in progress
+    (running or paused, not fenced), against the record's weight: once a wave finished or
+    was fenced, a later rollout may own its nodes, and whether its rollback took is what
+    nodes_after_rollback says."""
     nodes = {node for waves in rollouts.values() for row in waves.values() for node in row["nodes"]}
     readings = store.live_readings(nodes) if nodes else {}
     now = time.time()
     for waves in rollouts.values():
         for row in waves.values():
+            judged = row["outcome"] not in rollout.FINISHED and not row["fenced"]
             row["live"] = {
-                node: _live_entry(readings.get(node), _expected_bp(row, entry), now)
+                node: _live_entry(
+                    readings.get(node), entry.get("weight_bp") if judged else None, now
+                )
                 for node, entry in sorted(row["nodes"].items())
             }
 
 
-def _expected_bp(row, entry):
-    """What a node of this wave should have now: 0 once the wave was aborted or rolled back,
-    or a rollback raised the fence above the epoch it took; else the record's weight."""
-    if row["fenced"] or row["rolled_back_by"] or row["outcome"] in ("aborted", "rolled_back"):
-        return 0
-    return entry.get("weight_bp")
-
-
 def _live_entry(reading, expected_bp, now):
-    """{weights_bp, node_epoch, attached, read_at_unix, age_s, differs}; weights_bp and
-    differs None for a node with no live watcher: a node that says nothing never agrees."""
+    """{weights_bp, node_epoch, attached, read_at_unix, age_s, differs}; weights_bp None for a
+    node with no live watcher. differs: None where not judged (expected_bp None, or nothing
+    read: a node that says nothing never agrees), else whether a route is off expected_bp."""
     if reading is None:
         return {"weights_bp": None, "differs": None}
     weights = reading["weights_bp"]
@@ -211,7 +209,9 @@ def _live_entry(reading, expected_bp, now):
         "attached": reading.get("attached"),
         "read_at_unix": at,
         "age_s": round(now - at, 1) if isinstance(at, (int, float)) else None,
-        "differs": any(weight != expected_bp for weight in weights.values()),
+        "differs": None
+        if expected_bp is None
+        else any(weight != expected_bp for weight in weights.values()),
     }
 
 
