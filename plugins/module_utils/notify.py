@@ -8,6 +8,7 @@ receivers without a configuration of its own. A sink:
 
     name: oncall            # letters, digits, '_' and '-'; shown in reports (the url is not)
     url: https://...        # a secret: Slack's incoming-webhook address is its own key
+    allow_http: false       # true lets this sink's url be http:// (a receiver on loopback)
     format: json            # json (the event as it is stored) or slack ({"text", "blocks"})
     events: [all]           # event types (rollout_events.EVENT_TYPES) or "all"
     rollouts: ["*"]         # glob patterns of rollout ids; fleet-wide events go to every sink
@@ -42,7 +43,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.heartbeat import r
 
 FORMATS = ("json", "slack")
 SINK_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-SINK_FIELDS = ("name", "url", "format", "events", "rollouts", "headers", "timeout_s", "attempts")
+SINK_FIELDS = (
+    "name", "url", "allow_http", "format", "events", "rollouts", "headers", "timeout_s", "attempts",
+)  # fmt: skip
 FIRST_RETRY_PAUSE_S = 0.25
 DEFAULT_WAIT_S = 5.0
 
@@ -81,10 +84,18 @@ def validate_sink(raw, field="notifications[0]"):
             "%s.name must be 1-64 letters, digits, '_' or '-'; got %r" % (field, name),
             field + ".name",
         )
+    allow_http = raw.get("allow_http", False)
+    if not isinstance(allow_http, bool):
+        raise _bad("%s.allow_http must be true or false; got %r" % (field, allow_http),
+                   field + ".allow_http")  # fmt: skip
     url = raw.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url):
+    # The url and the headers are secrets, and the events say what the fleet does: sent in
+    # clear only to a receiver a person named as such.
+    scheme = r"^https?://[^\s/]+" if allow_http else r"^https://[^\s/]+"
+    if not isinstance(url, str) or not re.match(scheme, url):
         raise _bad(
-            "%s.url must be an http:// or https:// address (not shown: it is a secret)" % field,
+            "%s.url must be an https:// address, or http:// with allow_http: true on this sink "
+            "(not shown: it is a secret)" % field,
             field + ".url",
         )
     fmt = raw.get("format", "json")
@@ -119,6 +130,7 @@ def validate_sink(raw, field="notifications[0]"):
     return {
         "name": name,
         "url": url,
+        "allow_http": allow_http,
         "format": fmt,
         "events": list(events),
         "rollouts": list(rollouts),
@@ -212,7 +224,8 @@ _OPENER = urllib.request.build_opener(_NoRedirect)
 
 def _post(sink, payload, timeout_s):
     headers = dict(sink["headers"], **{"Content-Type": "application/json"})
-    # validate_sink admits http:// and https:// addresses only (no file:, no other scheme).
+    # validate_sink admits https:// addresses, and http:// where a sink allows it (no file:,
+    # no other scheme).
     request = urllib.request.Request(  # noqa: S310
         sink["url"], data=json.dumps(payload, sort_keys=True).encode(), headers=headers,
         method="POST",

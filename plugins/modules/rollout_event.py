@@ -69,7 +69,8 @@ options:
     default: {}
   notifications:
     description:
-      - For V(configure), the sinks. Each has V(name), V(url), V(format) (V(json) or V(slack)),
+      - For V(configure), the sinks. Each has V(name), V(url) (C(https://); C(http://) only with
+        V(allow_http=true) on that sink), V(format) (V(json) or V(slack)),
         V(events) (event types, or V([all])), V(rollouts) (glob patterns of rollout ids, default
         V(["*"])), V(headers), V(timeout_s) (default 3) and V(attempts) (default 3).
     type: list

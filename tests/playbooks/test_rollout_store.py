@@ -443,11 +443,12 @@ def test_on_call_hears_the_canary_and_the_rollback_in_order_and_reads_no_failure
     webhook_receiver.behaviour["/slow"] = {"delay_s": 2}
     sinks = tmp_path / "sinks.json"
     sinks.write_text(json.dumps([
-        {"name": "oncall", "url": webhook_receiver.url("/oncall")},
-        {"name": "chat", "url": webhook_receiver.url("/chat"), "format": "slack",
-         "events": ["stage_started", "completed", "fleet_rolled_back"]},
-        {"name": "slow", "url": webhook_receiver.url("/slow"), "timeout_s": 0.5, "attempts": 2},
-        {"name": "down", "url": "http://127.0.0.1:9/", "attempts": 2},
+        {"name": "oncall", "url": webhook_receiver.url("/oncall"), "allow_http": True},
+        {"name": "chat", "url": webhook_receiver.url("/chat"), "allow_http": True,
+         "format": "slack", "events": ["stage_started", "completed", "fleet_rolled_back"]},
+        {"name": "slow", "url": webhook_receiver.url("/slow"), "allow_http": True,
+         "timeout_s": 0.5, "attempts": 2},
+        {"name": "down", "url": "http://127.0.0.1:9/", "allow_http": True, "attempts": 2},
     ]))  # fmt: skip
     status, _shown, err = zerolayer(store_config, "notifications", "set", str(sinks))
     assert status == 0, err

@@ -106,8 +106,8 @@ def test_the_operator_command_tells_the_sinks_after_its_act(
         write(records, action, seconds, **params)
     sinks = tmp_path / "sinks.yml"
     sinks.write_text(
-        "- name: oncall\n  url: %s\n  events: [paused, resumed, aborted]\n"
-        "- name: chat\n  url: %s\n  format: slack\n  rollouts: ['embed-*']\n"
+        "- name: oncall\n  url: %s\n  allow_http: true\n  events: [paused, resumed, aborted]\n"
+        "- name: chat\n  url: %s\n  allow_http: true\n  format: slack\n  rollouts: ['embed-*']\n"
         % (webhook_receiver.url("/oncall"), webhook_receiver.url("/chat"))
     )
     status, out, err = cli(etcd_url, store, "notifications", "set", str(sinks))
@@ -136,9 +136,9 @@ def test_the_operator_command_tells_the_sinks_after_its_act(
 
 
 def test_a_bad_sink_file_changes_nothing(etcd_url, store, tmp_path):
-    notify.write_sinks(store, [{"name": "keep", "url": "http://127.0.0.1:9/"}])
+    notify.write_sinks(store, [{"name": "keep", "url": "http://127.0.0.1:9/", "allow_http": True}])
     bad = tmp_path / "bad.yml"
-    bad.write_text("- name: x\n  url: http://127.0.0.1:9/\n  format: teams\n")
+    bad.write_text("- name: x\n  url: https://127.0.0.1:9/\n  format: teams\n")
     status, _out, err = cli(etcd_url, store, "notifications", "set", str(bad))
     assert status != 0 and "format must be one of json, slack" in err, err
     assert [s["name"] for s in notify.read_sinks(store)] == ["keep"]
@@ -150,7 +150,12 @@ def rollout_event(etcd_url, prefix, **args):
 
 def test_the_module_configures_emits_and_lists(etcd_url, store, webhook_receiver):
     sinks = [
-        {"name": "oncall", "url": webhook_receiver.url(), "headers": {"Authorization": "Bearer s3"}}
+        {
+            "name": "oncall",
+            "url": webhook_receiver.url(),
+            "allow_http": True,
+            "headers": {"Authorization": "Bearer s3"},
+        }
     ]
     checked = rollout_event(
         etcd_url, store.prefix, check=True, action="configure", notifications=sinks
@@ -183,7 +188,9 @@ def test_the_module_refuses_an_unknown_event_type(etcd_url, store):
 def test_the_gate_evaluator_tells_of_a_verdict_change_once(store, webhook_receiver):
     from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
 
-    notify.write_sinks(store, [{"name": "oncall", "url": webhook_receiver.url()}])
+    notify.write_sinks(
+        store, [{"name": "oncall", "url": webhook_receiver.url(), "allow_http": True}]
+    )
     params = {"record_key": "chat-a/canary", "stage": 1, "weight": 5.0}
     now = datetime.datetime.now(datetime.timezone.utc)
     holding = {"recent": [{"gates": {"success_rate": "no_data"}}]}
@@ -203,9 +210,11 @@ def test_the_gate_evaluator_tells_of_a_verdict_change_once(store, webhook_receiv
 def test_one_sender_tells_every_sink_in_order_and_a_bad_sink_delays_no_act(store, webhook_receiver):
     webhook_receiver.behaviour["/slow"] = {"delay_s": 1.0}
     notify.write_sinks(store, [
-        {"name": "fine", "url": webhook_receiver.url("/fine")},
-        {"name": "slow", "url": webhook_receiver.url("/slow"), "timeout_s": 0.3, "attempts": 2},
-        {"name": "down", "url": "http://127.0.0.1:9/", "attempts": 2, "timeout_s": 0.5},
+        {"name": "fine", "url": webhook_receiver.url("/fine"), "allow_http": True},
+        {"name": "slow", "url": webhook_receiver.url("/slow"), "allow_http": True,
+         "timeout_s": 0.3, "attempts": 2},
+        {"name": "down", "url": "http://127.0.0.1:9/", "allow_http": True, "attempts": 2,
+         "timeout_s": 0.5},
     ])  # fmt: skip
     records = StoreRecords(store, "chat-a/canary")
     acts = [("plan", {}), ("stage_started", {"stage": 0}), ("hold_started", {}),
@@ -233,7 +242,7 @@ def test_one_sender_tells_every_sink_in_order_and_a_bad_sink_delays_no_act(store
 def test_a_new_sink_hears_only_what_comes_after_it(store, webhook_receiver):
     records = StoreRecords(store, "chat-a/canary")
     write(records, "plan", 0)
-    notify.write_sinks(store, [{"name": "late", "url": webhook_receiver.url()}])
+    notify.write_sinks(store, [{"name": "late", "url": webhook_receiver.url(), "allow_http": True}])
     write(records, "stage_started", 1, stage=0)
     notify.hand_off(store)
     sender_done(store, webhook_receiver, 1)

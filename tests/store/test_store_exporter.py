@@ -283,7 +283,9 @@ def stuck_events(store, rollout_id="chat-s"):
 def test_a_stuck_wave_is_announced_once_by_all_members_and_reaches_the_sinks(
     store, webhook_receiver
 ):
-    notify.write_sinks(store, [{"name": "oncall", "url": webhook_receiver.url("/oncall")}])
+    notify.write_sinks(
+        store, [{"name": "oncall", "url": webhook_receiver.url("/oncall"), "allow_http": True}]
+    )
     records = stuck_wave(store, abort=False)
     # Two members' exporters look at the same moment: one announces, the other finds it done.
     first = store_exporter.watch_deadlines(store, actor="exporter@m1")

@@ -18,7 +18,9 @@ def an_event(kind="paused", rollout_id="chat-1", **detail):
 
 
 def sink(url, **fields):
-    return notify.validate_sink(dict({"name": "oncall", "url": url}, **fields))
+    """A valid sink; the receivers these tests start listen on loopback, over http."""
+    allowed = {"allow_http": True} if url.startswith("http://") else {}
+    return notify.validate_sink(dict({"name": "oncall", "url": url}, **allowed, **fields))
 
 
 def closed_port():
@@ -30,24 +32,24 @@ def closed_port():
 @pytest.mark.parametrize(
     "raw, field, hint",
     [
-        ({"url": "http://x"}, "notifications[0].name", "letters"),
-        ({"name": "a b", "url": "http://x"}, "notifications[0].name", "letters"),
+        ({"url": "https://x"}, "notifications[0].name", "letters"),
+        ({"name": "a b", "url": "https://x"}, "notifications[0].name", "letters"),
         ({"name": "a", "url": "ftp://x"}, "notifications[0].url", "http://"),
-        ({"name": "a", "url": "http://x", "format": "teams"}, "notifications[0].format", "slack"),
+        ({"name": "a", "url": "https://x", "format": "teams"}, "notifications[0].format", "slack"),
         (
-            {"name": "a", "url": "http://x", "events": ["boom"]},
+            {"name": "a", "url": "https://x", "events": ["boom"]},
             "notifications[0].events[0]",
             "paused",
         ),
-        ({"name": "a", "url": "http://x", "events": []}, "notifications[0].events", "all"),
+        ({"name": "a", "url": "https://x", "events": []}, "notifications[0].events", "all"),
         (
-            {"name": "a", "url": "http://x", "rollouts": "chat-*"},
+            {"name": "a", "url": "https://x", "rollouts": "chat-*"},
             "notifications[0].rollouts",
             "glob",
         ),
-        ({"name": "a", "url": "http://x", "attempts": 0}, "notifications[0].attempts", "1 to 10"),
-        ({"name": "a", "url": "http://x", "timeout_s": True}, "notifications[0].timeout_s", "0.1"),
-        ({"name": "a", "url": "http://x", "colour": "red"}, "notifications[0]", "allowed"),
+        ({"name": "a", "url": "https://x", "attempts": 0}, "notifications[0].attempts", "1 to 10"),
+        ({"name": "a", "url": "https://x", "timeout_s": True}, "notifications[0].timeout_s", "0.1"),
+        ({"name": "a", "url": "https://x", "colour": "red"}, "notifications[0]", "allowed"),
     ],
 )
 def test_bad_sinks_name_the_field_and_allowed_values(raw, field, hint):
@@ -55,6 +57,21 @@ def test_bad_sinks_name_the_field_and_allowed_values(raw, field, hint):
         notify.validate_sinks([raw])
     assert caught.value.details["field"] == field, caught.value.message
     assert hint in caught.value.message
+
+
+def test_a_sink_over_plain_http_needs_allow_http_by_name():
+    with pytest.raises(FleetError) as caught:
+        notify.validate_sinks([{"name": "a", "url": "http://hooks.internal/t0k3n"}])
+    assert caught.value.details["field"] == "notifications[0].url"
+    assert "allow_http: true" in caught.value.message and "t0k3n" not in caught.value.message
+    (allowed,) = notify.validate_sinks(
+        [{"name": "a", "url": "http://127.0.0.1:9/", "allow_http": True}]
+    )
+    assert allowed["allow_http"] is True
+    assert notify.validate_sinks([{"name": "a", "url": "https://x"}])[0]["allow_http"] is False
+    with pytest.raises(FleetError) as caught:
+        notify.validate_sinks([{"name": "a", "url": "https://x", "allow_http": "yes"}])
+    assert caught.value.details["field"] == "notifications[0].allow_http"
 
 
 def test_a_bad_url_is_never_shown_in_the_error():
@@ -65,7 +82,9 @@ def test_a_bad_url_is_never_shown_in_the_error():
 
 def test_sink_names_are_unique():
     with pytest.raises(FleetError, match="twice: a"):
-        notify.validate_sinks([{"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}])
+        notify.validate_sinks(
+            [{"name": "a", "url": "https://x"}, {"name": "a", "url": "https://y"}]
+        )
 
 
 def test_redacted_hides_url_and_header_values():
