@@ -285,15 +285,7 @@ class EtcdClient:
         answer = self.call(
             "/v3/kv/txn",
             {
-                "compare": [
-                    {
-                        "key": _b64(key),
-                        "target": "MOD",
-                        "result": "EQUAL",
-                        "mod_revision": str(int(mod_revision)),
-                    },
-                    *_unchanged_since(unchanged_since),
-                ],
+                "compare": [_written_at(key, mod_revision), *_unchanged_since(unchanged_since)],
                 "success": puts,
                 "failure": [{"request_range": {"key": _b64(key)}}],
             },
@@ -305,6 +297,35 @@ class EtcdClient:
             if kvs:
                 return False, KeyValue(kvs[0])
         return False, None
+
+    def get_prefix_pages(self, prefix, page_size):
+        """Lists of KeyValue under prefix, page_size keys at a time, in key order: a prefix
+        of any size read within etcd's response limits."""
+        start, end = prefix.encode(), prefix_end(prefix)
+        while True:
+            answer = self.call(
+                "/v3/kv/range",
+                {"key": _b64(start), "range_end": _b64(end), "limit": str(int(page_size))},
+            )
+            kvs = [KeyValue(raw) for raw in answer.get("kvs") or []]
+            if kvs:
+                yield kvs
+            if not answer.get("more") or not kvs:
+                return
+            # The next page starts right after the last key of this one.
+            start = kvs[-1].key.encode() + b"\0"
+
+    def delete_if_unchanged(self, keys):
+        """Delete [(key, mod_revision)] in one transaction, only if none was written since it
+        was read (a key deleted since fails too); whether they were deleted."""
+        answer = self.call(
+            "/v3/kv/txn",
+            {
+                "compare": [_written_at(key, mod_revision) for key, mod_revision in keys],
+                "success": [{"request_delete_range": {"key": _b64(key)}} for key, _rev in keys],
+            },
+        )
+        return bool(answer.get("succeeded"))
 
     # ------------------------------------------------------------ leases
 
@@ -384,6 +405,16 @@ class _Response:
     def close(self):
         self.response.close()
         self.connection.close()
+
+
+def _written_at(key, mod_revision):
+    """The compare that key was last written at mod_revision (0: that it is absent)."""
+    return {
+        "key": _b64(key),
+        "target": "MOD",
+        "result": "EQUAL",
+        "mod_revision": str(int(mod_revision)),
+    }
 
 
 def _unchanged_since(read):

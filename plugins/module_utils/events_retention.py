@@ -20,17 +20,12 @@ kept and counted as undated: nothing says it is old.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import math
 import re
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
-    KeyValue,
-    prefix_end,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     parse_timestamp,
     utc_now,
@@ -94,47 +89,6 @@ def expired_events(entries, now, retention_s):
     return expired, undated
 
 
-def _b64(data):
-    return base64.b64encode(data if isinstance(data, bytes) else data.encode()).decode("ascii")
-
-
-def _pages(client, prefix, page_size):
-    """Lists of KeyValue under prefix, page_size at a time, in key order."""
-    start, end = prefix.encode(), prefix_end(prefix)
-    while True:
-        answer = client.call(
-            "/v3/kv/range",
-            {"key": _b64(start), "range_end": _b64(end), "limit": str(int(page_size))},
-        )
-        kvs = [KeyValue(raw) for raw in answer.get("kvs") or []]
-        if kvs:
-            yield kvs
-        if not answer.get("more") or not kvs:
-            return
-        # The next page starts right after the last key of this one.
-        start = kvs[-1].key.encode() + b"\0"
-
-
-def _delete_txn(client, keys):
-    """Delete keys in one transaction, only if none was written since it was read."""
-    answer = client.call(
-        "/v3/kv/txn",
-        {
-            "compare": [
-                {
-                    "key": _b64(key),
-                    "target": "MOD",
-                    "result": "EQUAL",
-                    "mod_revision": str(int(mod_revision)),
-                }
-                for key, mod_revision in keys
-            ],
-            "success": [{"request_delete_range": {"key": _b64(key)}} for key, _rev in keys],
-        },
-    )
-    return bool(answer.get("succeeded"))
-
-
 def delete_events(client, expired, batch=DELETE_BATCH):
     """Delete [(key, mod_revision)]; returns how many were deleted.
 
@@ -143,10 +97,10 @@ def delete_events(client, expired, batch=DELETE_BATCH):
     deleted = 0
     for start in range(0, len(expired), batch):
         keys = expired[start : start + batch]
-        if _delete_txn(client, keys):
+        if client.delete_if_unchanged(keys):
             deleted += len(keys)
             continue
-        deleted += sum(1 for one in keys if _delete_txn(client, [one]))
+        deleted += sum(1 for one in keys if client.delete_if_unchanged([one]))
     return deleted
 
 
@@ -158,7 +112,7 @@ def prune(store, retention_s, now=None, page_size=PAGE_SIZE):
     retention_s = validate_retention(retention_s)
     now = now or utc_now()
     result = {"deleted": 0, "kept": 0, "undated": 0}
-    for page in _pages(store.client, store.key("events", ""), page_size):
+    for page in store.client.get_prefix_pages(store.key("events", ""), page_size):
         expired, undated = expired_events(
             ((kv.key, kv.mod_revision, kv.value) for kv in page), now, retention_s
         )

@@ -7,6 +7,7 @@ import json
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import events_retention as er
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 
 NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 DAY = 86400
@@ -72,17 +73,13 @@ class FakeClient:
         self.deleted = []
         self.transactions = []
 
-    def call(self, path, body):
-        assert path == "/v3/kv/txn"
-        keys = [base64.b64decode(c["key"]).decode() for c in body["compare"]]
-        assert [
-            base64.b64decode(s["request_delete_range"]["key"]).decode() for s in body["success"]
-        ] == keys
+    def delete_if_unchanged(self, expired):
+        keys = [key for key, _mod_revision in expired]
         self.transactions.append(len(keys))
         if self.gone & set(keys):
-            return {"succeeded": False}
+            return False
         self.deleted.extend(keys)
-        return {"succeeded": True}
+        return True
 
 
 def test_deletes_go_in_batches_below_etcds_transaction_limit():
@@ -99,3 +96,19 @@ def test_a_batch_with_a_key_already_gone_is_retried_key_by_key():
     assert er.delete_events(client, expired, batch=5) == 4
     assert client.transactions == [5, 1, 1, 1, 1, 1]
     assert client.deleted == ["k000", "k001", "k003", "k004"]
+
+
+def test_each_delete_compares_the_revision_of_the_key_it_deletes():
+    client = EtcdClient("http://127.0.0.1:9")
+    sent = []
+    client.call = lambda path, body: sent.append((path, body)) or {"succeeded": True}
+    assert client.delete_if_unchanged([("k1", 4), ("k2", 7)]) is True
+    ((path, body),) = sent
+    assert path == "/v3/kv/txn"
+    compared = [base64.b64decode(c["key"]).decode() for c in body["compare"]]
+    deleted = [base64.b64decode(s["request_delete_range"]["key"]).decode() for s in body["success"]]
+    assert compared == deleted == ["k1", "k2"]
+    assert [(c["target"], c["result"], c["mod_revision"]) for c in body["compare"]] == [
+        ("MOD", "EQUAL", "4"),
+        ("MOD", "EQUAL", "7"),
+    ]
