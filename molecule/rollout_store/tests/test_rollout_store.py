@@ -30,15 +30,6 @@ def b64(text):
 
 
 @pytest.fixture(scope="module")
-def endpoint(host):
-    settings = host.file("/etc/default/etcd").content_string
-    line = next(
-        line for line in settings.splitlines() if line.startswith("ETCD_ADVERTISE_CLIENT_URLS=")
-    )
-    return line.split("=", 1)[1]
-
-
-@pytest.fixture(scope="module")
 def controller(host):
     host.check_output("install -d -m 0700 %s", CONTROLLER)
     for name in ("controller.pem", "controller-key.pem", "controller.password"):
@@ -111,15 +102,13 @@ def test_service_enabled_and_running(host):
     assert service.is_enabled
 
 
-def test_listens_on_client_and_peer_ports(host, endpoint):
-    address = endpoint.removeprefix("https://").rsplit(":", 1)[0]
+def test_listens_on_client_and_peer_ports(host, address):
     assert address != "127.0.0.1", "the member should listen on its own address too"
     for socket in (f"tcp://{address}:2379", "tcp://127.0.0.1:2379", f"tcp://{address}:2380"):
         assert host.socket(socket).is_listening, socket
 
 
-def test_serves_tls_with_the_stores_certificate(host, endpoint):
-    address = endpoint.removeprefix("https://").rsplit(":", 1)[0]
+def test_serves_tls_with_the_stores_certificate(host, address):
     for port in (2379, 2380):
         result = host.run(
             f"openssl s_client -connect {address}:{port} -CAfile {MEMBER_PKI}/ca.pem "

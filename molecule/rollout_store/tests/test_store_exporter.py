@@ -71,15 +71,6 @@ print(json.dumps(done))
 
 
 @pytest.fixture(scope="module")
-def address(host):
-    settings = host.file("/etc/default/etcd").content_string
-    line = next(
-        line for line in settings.splitlines() if line.startswith("ETCD_ADVERTISE_CLIENT_URLS=")
-    )
-    return line.split("=", 1)[1].removeprefix("https://").rsplit(":", 1)[0]
-
-
-@pytest.fixture(scope="module")
 def writer(host, address):
     """Run WRITER's action as the controller; returns its JSON answer."""
     host.check_output("install -d -m 0700 %s", WORK)

@@ -44,15 +44,6 @@ def root_etcdctl(host, *args):
     return host.run(shlex.join(command))
 
 
-@pytest.fixture(scope="module")
-def address(host):
-    settings = host.file("/etc/default/etcd").content_string
-    line = next(
-        line for line in settings.splitlines() if line.startswith("ETCD_ADVERTISE_CLIENT_URLS=")
-    )
-    return line.split("=", 1)[1].removeprefix("https://").rsplit(":", 1)[0]
-
-
 def snapshots(host):
     listed = host.check_output(f"ls -1 {SNAPSHOTS}").split()
     return sorted(name for name in listed if SNAPSHOT_NAME.match(name))
