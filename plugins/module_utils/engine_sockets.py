@@ -17,7 +17,7 @@ import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit, store_epoch_reader
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     FAMILIES_MAP,
@@ -218,11 +218,14 @@ def register_engine_socket(
     """Put the socket pid listens on at listen_port into slot of route.
 
     A writer that carries a fence epoch (the canary, the engine upgrade) is refused when
-    it is older than the node's fence. The boot path and an engine's own start hook carry
-    none: they put the node's own engine back and never raise a weight.
+    it is older than the node's fence, or above the rollout store's (fence.admit). The boot
+    path and an engine's own start hook carry none: they put the node's own engine back and
+    never raise a weight.
 
-    Returns changed, before and after (slot cookies), cookie, route_index and socket.
+    Returns changed, before and after (slot cookies), cookie, route_index, socket and
+    warnings (what the fence could not check: the store down).
     """
+    warnings = []
     slot = validate_slot(slot)
     listen_port = validate_port(listen_port, "listen_port")
     if family is not None and family not in FAMILIES:
@@ -255,6 +258,8 @@ def register_engine_socket(
                     True,
                     "engine socket in slot %d of route %r" % (slot, route),
                     check_mode,
+                    store_epoch=store_epoch_reader(layout.store_config),
+                    warnings=warnings,
                 )
             if not check_mode and has_map(layout, FAMILIES_MAP):
                 # Before the insert: the program never sees this socket with another's bits.
@@ -293,6 +298,7 @@ def register_engine_socket(
         "cookie": info["cookie"],
         "route_index": entry.route_index,
         "socket": info,
+        "warnings": warnings,
     }
 
 

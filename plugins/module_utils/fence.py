@@ -12,6 +12,15 @@ The safe direction is never fenced: weight 0, a lower weight or a write that cha
 nothing goes through with any epoch (a rollback must never be refused). Callers hold the
 router's writer lock around admit() and their map write, so a rollback that raises the
 epoch cannot slip between the check and the write.
+
+The node's own record is not the whole truth where the node has a store (its fence
+watcher's store.json): a writer's epoch above the node's may be made up (a typo, a test's
+10**9), and once recorded it would refuse every honest writer; a node whose fence file
+is gone (a reimage, an rm, /var/lib restored) would read as epoch 0 and admit a stale
+writer. So before admit() records a higher epoch, and before a raise on a node with no
+fence file, it asks the store (only then: the usual write never leaves the node). A
+store that does not answer does not stop the write: it is admitted as before, with a
+warning, as an outage of the store must never become an outage of the fleet's writers.
 """
 
 from __future__ import annotations
@@ -26,7 +35,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files impor
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
+# The fence watcher's store client settings (rollout_store's node_client writes them): a
+# writer's epoch is checked against the store they name.
+DEFAULT_STORE_CONFIG = "/etc/zerolayer/store.json"
 FENCE_LOCK_TIMEOUT_S = 5.0
+# A writer asking the store holds the router's writer lock meanwhile: a store that does not
+# answer costs it this long per request, not the client's default.
+STORE_CHECK_TIMEOUT_S = 2.0
+REREAD_ACTION = "re-read from the rollout store (no fence file on this node)"
 
 
 class FenceRefused(FleetError):
@@ -124,20 +140,71 @@ def flock_within(fd, timeout, poll_s):
             time.sleep(poll_s)
 
 
-def admit(path, epoch, raises_traffic, what, check_mode=False):
+def admit(path, epoch, raises_traffic, what, check_mode=False, store_epoch=None, warnings=None):
     """Check a write of epoch against the node's fence; record a higher epoch.
 
     epoch None means the writer carries no epoch (0). Raises FenceRefused, naming both
     epochs, when the write would send more traffic to the engine with an older epoch.
+
+    store_epoch (store_epoch_reader()) reads the rollout store's fence epoch; None: this
+    node has no store. It is asked only when the write carries an epoch above the node's,
+    or raises traffic on a node without a fence file: a raise with an epoch above the
+    store's is refused (naming both), a lowering one goes through without recording it,
+    and a missing fence file is recorded at the store's epoch first. What could not be
+    checked (the store did not answer) is appended to warnings, a list.
+
     Returns the node's epoch after the check.
     """
     carried = 0 if epoch is None else _validate_epoch(epoch)
+    store = None
+    if store_epoch is not None and _store_is_needed(path, carried, raises_traffic):
+        # Outside the fence file's lock: a rollback must never wait for the store's answer.
+        store = _ask_store(store_epoch, warnings, what)
     with fence_file_lock(path):
-        return _admit_locked(path, carried, raises_traffic, what, check_mode)
+        return _admit_locked(path, carried, raises_traffic, what, check_mode, store)
 
 
-def _admit_locked(path, carried, raises_traffic, what, check_mode):
-    fence = read_fence(path)
+def _read_fence_if_present(path):
+    """The fence as read_fence() reads it, or None when the node has no fence file."""
+    if not os.path.lexists(path):
+        return None
+    return read_fence(path)
+
+
+def _store_is_needed(path, carried, raises_traffic):
+    fence = _read_fence_if_present(path)
+    if fence is None:
+        return raises_traffic or carried > 0
+    return carried > fence["epoch"]
+
+
+def _ask_store(store_epoch, warnings, what):
+    """The store's fence epoch, or None (said in warnings) when the store gave none."""
+    try:
+        epoch = store_epoch()
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise FleetError("its fence record holds no whole epoch >= 0 but %r" % (epoch,))
+        return epoch
+    except (FleetError, OSError) as exc:
+        if warnings is not None:
+            warnings.append(
+                "%s: the rollout store's fence epoch could not be read (%s); the write was "
+                "checked against this node's fence only" % (what, getattr(exc, "message", exc))
+            )
+        return None
+
+
+def _admit_locked(path, carried, raises_traffic, what, check_mode, store):
+    fence = _read_fence_if_present(path)
+    if fence is None:
+        fence = {"epoch": 0}
+        if store is not None:
+            # A node that lost its fence (reimaged, removed, restored) takes the fleet's
+            # before it judges a write: a writer that took its epoch before the last
+            # rollback is then refused here too.
+            fence = {"epoch": store, "action": REREAD_ACTION, "at": _now()}
+            if not check_mode:
+                write_fence(path, fence)
     if carried < fence["epoch"] and raises_traffic:
         raise FenceRefused(
             "%s refused: the write carries epoch %d, older than this node's fence epoch %d "
@@ -153,10 +220,46 @@ def _admit_locked(path, carried, raises_traffic, what, check_mode):
             ),
             {"field": "epoch", "epoch": carried, "node_epoch": fence["epoch"]},
         )
+    if store is not None and carried > max(store, fence["epoch"]):
+        if raises_traffic:
+            raise FenceRefused(
+                "%s refused: the write carries epoch %d, above the rollout store's fence "
+                "epoch %d (this node's is %d). No writer can have taken an epoch the store "
+                "never had; nothing was changed. Take the epoch from the store (a new "
+                "rollout does)." % (what, carried, store, fence["epoch"]),
+                {
+                    "field": "epoch",
+                    "epoch": carried,
+                    "store_epoch": store,
+                    "node_epoch": fence["epoch"],
+                },
+            )
+        # The safe direction goes through, but its made-up epoch is not kept: recorded, it
+        # would refuse every writer that holds the store's real one.
+        carried = max(store, fence["epoch"])
     if carried > fence["epoch"] and not check_mode:
         write_fence(path, dict(fence, epoch=carried, action="write", at=_now()))
         return carried
     return fence["epoch"]
+
+
+def store_epoch_reader(store_config):
+    """A function that reads the fleet's fence epoch from the rollout store, as the node's
+    fence watcher reaches it (its store_config, e.g. DEFAULT_STORE_CONFIG); None where the
+    node has no store (no store_config, or no such file: the store's node_client never ran
+    here). Reading nothing until called keeps the usual write off the store."""
+    if not store_config or not os.path.exists(store_config):
+        return None
+
+    def read():
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
+            node_store,
+        )
+
+        store, _node = node_store(store_config, timeout=STORE_CHECK_TIMEOUT_S)
+        return store.fence()["epoch"]
+
+    return read
 
 
 def raise_fence(path, epoch=None, action="rollback", check_mode=False, record=None):

@@ -516,6 +516,39 @@ class Watcher:
         write_text_atomic(self.status_file, json.dumps(self.status, sort_keys=True))
 
 
+def node_store(path, timeout=None):
+    """(RolloutStore, node name) from the node's store client settings (store.json, as the
+    rollout_store role's node_client writes it: endpoints, ca, cert, key, user,
+    password_file, prefix, node). The watcher and a writer checking its epoch (fence.py)
+    both reach the store through it, with the same credentials."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+        store_from_params,
+    )
+
+    try:
+        with open(path) as handle:
+            settings = json.load(handle)
+    except FileNotFoundError:
+        raise FleetError(
+            "store config %s does not exist; the rollout_store role's node_client writes it" % path,
+            {"field": "store_config", "path": path},
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise FleetError(
+            "store config %s cannot be read as JSON: %s" % (path, exc),
+            {"field": "store_config", "path": path},
+        ) from None
+    if not isinstance(settings, dict) or not settings.get("endpoints"):
+        raise FleetError(
+            "store config %s names no endpoints" % path, {"field": "store_config", "path": path}
+        )
+    names = {"ca": "ca_file", "cert": "cert_file", "key": "key_file"}
+    params = {names.get(key, key): value for key, value in settings.items()}
+    if timeout is not None:
+        params["timeout"] = timeout
+    return store_from_params(params), settings.get("node")
+
+
 def read_status(path):
     """The watcher's status file, or None when there is none (no watcher on this node)."""
     try:

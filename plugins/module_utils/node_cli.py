@@ -105,7 +105,8 @@ def _add_common_options(parser, defaults):
     parser.add_argument(
         "--fence-file",
         default=None if defaults else argparse.SUPPRESS,
-        help="where the node keeps its fence epoch (default: fence_file in --config, else %s)"
+        help="where the node keeps its fence epoch (default: fence_file in --config, else %s); "
+        "where --config is the router's (its pin_dir), any other file is refused"
         % DEFAULT_FENCE_FILE,
     )
 
@@ -241,12 +242,12 @@ def load_config(path, required=False):
 
 
 def _layout(args, config):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout
+    """The router's layout: its fence file is the node's (pins.node_layout), a --fence-file
+    that names another one is refused. A --config that does not exist is no node config."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import node_layout
 
-    return PinLayout(
-        args.pin_dir or config.get("pin_dir") or DEFAULT_PIN_DIR,
-        fence_file=args.fence_file or config.get("fence_file") or DEFAULT_FENCE_FILE,
-    )
+    node_config = config if config or os.path.exists(args.config) else None
+    return node_layout(args.pin_dir, args.fence_file, node_config, args.config)
 
 
 def _route_summary(route):
@@ -284,6 +285,8 @@ def cmd_set_weight(args, config):
         "changed": result["changed"],
         "before": _route_summary(result["before"]),
         "after": _route_summary(confirmed),
+        # What the node's fence could not check (the rollout store did not answer).
+        "warnings": result["warnings"],
     }
 
 
@@ -371,6 +374,7 @@ def cmd_register(args, config):
         "cookie_before": result["before"],
         "cookie": result["cookie"],
         "route_index": result["route_index"],
+        "warnings": result["warnings"],
     }
 
 
@@ -523,17 +527,11 @@ def cmd_attach(args, config):
 
 
 def _store_from_config(path):
-    """The rollout store as the node's store.json describes it (keys as node_client writes)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
-        store_from_params,
-    )
+    """The rollout store as the node's store.json describes it (fence_watcher.node_store:
+    the one reader of it, which a writer checking its epoch uses too)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import node_store
 
-    settings = load_config(path, required=True)
-    if not settings.get("endpoints"):
-        raise UsageError("store config %s names no endpoints" % path, "store_config")
-    names = {"ca": "ca_file", "cert": "cert_file", "key": "key_file"}
-    params = {names.get(key, key): value for key, value in settings.items()}
-    return store_from_params(params), settings.get("node")
+    return node_store(path)
 
 
 def cmd_watch(args, config):

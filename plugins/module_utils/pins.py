@@ -18,14 +18,26 @@ or a router upgrade does not lose it. The direct-drain marker (direct_drain.py),
 engines read, is /run/zerolayer/direct-drain.json with the default fence file, and beside
 the fence file for any other (a test's router, a second layout), so that each
 router's marker is its own.
+
+Which fence file a router has is the node's, not its caller's (node_layout): where the
+node config (/etc/zerolayer/router.json, written by the ebpf_router role) is the router's
+(names its pin_dir, or names none and the router is at the default one), its fence_file
+(default /var/lib/zerolayer/fence.json) is the router's, and a caller naming another is
+refused: a writer pointed at another file would skip the node's fence. Elsewhere (a test's
+router, one attached by hand) the caller's stands. The writers' lock is the router's,
+named by its pin dir whatever fence file a writer names (writer_lock_path).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import json
 import os
 import struct
+import time
+import urllib.parse
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
@@ -34,6 +46,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain impor
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     DEFAULT_FENCE_FILE,
+    DEFAULT_STORE_CONFIG,
     flock_within,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
@@ -45,6 +58,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
 )
 
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
+# The node config the ebpf_router role writes (node_cli's --config default): it says which
+# fence file, and which store client settings, the router at its pin_dir has.
+DEFAULT_NODE_CONFIG = "/etc/zerolayer/router.json"
+# One writers' lock per router, named by its pin dir: outside bpffs, so that removing the pins
+# cannot take it away from under a holder, and in /run, as a lock outlives no boot.
+WRITER_LOCK_DIR = "/run/zerolayer/writer-locks"
 BPFFS_MAGIC = 0xCAFE4A11
 # An attach holds the writer lock through a program load and the verifier (well under a
 # second here); another writer waits at most this long for it.
@@ -69,7 +88,7 @@ class WriterLockTimeout(FleetError):
 class PinLayout:
     """The paths of one router's pins."""
 
-    def __init__(self, pin_dir=DEFAULT_PIN_DIR, fence_file=None):
+    def __init__(self, pin_dir=DEFAULT_PIN_DIR, fence_file=None, store_config=None):
         if not pin_dir or not os.path.isabs(pin_dir):
             raise FleetError(
                 "pin_dir must be an absolute path on a bpffs, e.g. %s; got %r"
@@ -85,8 +104,12 @@ class PinLayout:
                 {"field": "fence_file"},
             )
         self.fence_file = os.path.normpath(fence_file)
-        # One writer lock per fence file (a node has one router): beside it, not in bpffs.
-        self.writer_lock_file = self.fence_file + ".writer.lock"
+        # The router's, not the fence file's: a writer naming another fence file still waits
+        # for the others.
+        self.writer_lock_file = writer_lock_path(self.pin_dir)
+        # The store client settings a writer's epoch is checked against (fence.admit); None:
+        # no store for this router (no node config is its).
+        self.store_config = store_config
         if self.fence_file == DEFAULT_FENCE_FILE:
             self.direct_drain_file = DEFAULT_DIRECT_DRAIN_FILE
         else:
@@ -105,16 +128,95 @@ class PinLayout:
         return [self.map(name) for name in MAP_NAMES]
 
 
+def writer_lock_path(pin_dir):
+    """The writers' lock of the router pinned at pin_dir: one file per router, whichever
+    spelling of the path (a trailing slash, a symlink) or fence file its writers use."""
+    real = os.path.realpath(pin_dir)
+    name = urllib.parse.quote(real, safe="")
+    if len(name) > 200:  # a file name has at most 255 bytes
+        name = hashlib.sha256(os.fsencode(real)).hexdigest()
+    return os.path.join(WRITER_LOCK_DIR, name + ".writer.lock")
+
+
+def read_node_config(path=DEFAULT_NODE_CONFIG):
+    """The node config as a dict; None where there is none (a test machine, a router
+    attached by hand). One that cannot be read is refused, never read as none: it is the
+    node's word on which fence file is its."""
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FleetError(
+            "node config %s cannot be read as JSON (%s); it says which fence file is the "
+            "node's: fix it, or run the ebpf_router role again" % (path, exc),
+            {"field": "config", "path": path},
+        ) from None
+    if not isinstance(config, dict):
+        raise FleetError(
+            "node config %s must hold a JSON object" % path, {"field": "config", "path": path}
+        )
+    return config
+
+
+def node_layout(pin_dir=None, fence_file=None, node_config=None, config_path=DEFAULT_NODE_CONFIG):
+    """The layout of the router at pin_dir, with the node's fence file (see the module doc).
+
+    node_config: the node config read from config_path, None where there is none. Where it
+    is the router's, a fence_file other than its own is refused, naming both, before
+    anything is read or written; the layout then carries the node's store client settings
+    (store_config, default DEFAULT_STORE_CONFIG) for the epoch check.
+    """
+    config = node_config if node_config is not None else {}
+    pin_dir = pin_dir or config.get("pin_dir") or DEFAULT_PIN_DIR
+    if node_config is None or not _same_path(pin_dir, config.get("pin_dir") or DEFAULT_PIN_DIR):
+        return PinLayout(pin_dir, fence_file=fence_file)
+    layout = PinLayout(
+        pin_dir,
+        fence_file=config.get("fence_file") or DEFAULT_FENCE_FILE,
+        store_config=config.get("store_config") or DEFAULT_STORE_CONFIG,
+    )
+    if fence_file and os.path.normpath(fence_file) != layout.fence_file:
+        raise FleetError(
+            "fence_file %s is not this node's fence file %s (fence_file in the node config %s, "
+            "whose router is the one under %s); a writer must be checked against the node's "
+            "fence: leave fence_file out or give %s. Nothing was read or written"
+            % (fence_file, layout.fence_file, config_path, layout.pin_dir, layout.fence_file),
+            {
+                "field": "fence_file",
+                "value": fence_file,
+                "node_fence_file": layout.fence_file,
+                "config": config_path,
+            },
+        )
+    return layout
+
+
+def _same_path(one, other):
+    return os.path.realpath(one) == os.path.realpath(other)
+
+
 def layout_options():
-    """The argument_spec entries of every module that works on a router's pins."""
+    """The argument_spec entries of every module that works on a router's pins.
+
+    fence_file keeps its documented default for compatibility; that default stands for the
+    node's fence file (layout_from_params), any other value must be the node's (node_layout).
+    """
     return {
         "pin_dir": {"type": "path", "default": DEFAULT_PIN_DIR},
         "fence_file": {"type": "path", "default": DEFAULT_FENCE_FILE},
     }
 
 
-def layout_from_params(params):
-    return PinLayout(params["pin_dir"], fence_file=params["fence_file"])
+def layout_from_params(params, config_path=DEFAULT_NODE_CONFIG):
+    """The layout a module works on: the node's fence file (node_layout), read from the
+    node config at config_path. The option's default asks for no file in particular: on a
+    node whose config names another fence file, it means that one."""
+    given = params["fence_file"]
+    if given and os.path.normpath(given) == DEFAULT_FENCE_FILE:
+        given = None
+    return node_layout(params["pin_dir"], given, read_node_config(config_path), config_path)
 
 
 def filesystem_magic(path):
@@ -284,34 +386,61 @@ def opened_map(layout, name, read_only=False):
 def writer_lock(layout, what="a write", timeout=WRITER_LOCK_TIMEOUT_S):
     """Serialise the writers of one router (a playbook, the boot unit, an engine's hook).
 
-    The lock file lives beside the fence file, outside the pin dir, so removing the pins
-    cannot take the lock away from under a holder. A wait is bounded: after timeout
-    seconds the writer is refused with the holder's pid and purpose. A fast rollback
-    takes no writer lock at all (routes.zero_weights).
+    The lock file is the router's (writer_lock_path, named by its pin dir), outside the pin
+    dir, so removing the pins cannot take the lock away from under a holder. A wait is
+    bounded: after timeout seconds the writer is refused with the holder's pid and purpose.
+    A fast rollback takes no writer lock at all (routes.zero_weights).
+
+    The holder removes the file before it lets go, so that no router leaves one behind;
+    a waiter that then gets the removed file's lock sees that it is no longer the one at
+    the path and tries again (_acquire), so two writers never both hold the lock.
     """
     path = layout.writer_lock_file
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = _acquire(path, what, timeout)
     try:
-        _acquire(fd, path, what, timeout)
-        os.ftruncate(fd, 0)
         os.pwrite(fd, ("%d %s\n" % (os.getpid(), what)).encode(), 0)
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
+            unlink_if_present(path)
     finally:
         os.close(fd)  # closing the fd releases the flock
 
 
-def _acquire(fd, path, what, timeout):
-    if not flock_within(fd, timeout, _LOCK_POLL_S):
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
-        raise WriterLockTimeout(
-            "%s waited %.1f s for the router's writer lock %s and gave up; it is held by pid "
-            "and purpose: %s. Retry when that writer is done" % (what, timeout, path, holder),
-            {"lock": path, "holder": holder},
-        )
+def _acquire(path, what, timeout):
+    """An fd of the lock file at path, flocked, within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            locked = flock_within(fd, max(0.0, deadline - time.monotonic()), _LOCK_POLL_S)
+            if locked and _is_at(fd, path):
+                return fd
+            holder = None if locked else os.pread(fd, 200, 0).decode("utf-8", "replace")
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        if not locked:
+            holder = (holder or "").strip() or "unknown"
+            raise WriterLockTimeout(
+                "%s waited %.1f s for the router's writer lock %s and gave up; it is held by "
+                "pid and purpose: %s. Retry when that writer is done"
+                % (what, timeout, path, holder),
+                {"lock": path, "holder": holder},
+            )
+        # The lock of a file its holder removed as it let go: the path has a new one.
+
+
+def _is_at(fd, path):
+    """Whether fd is the file now at path (not one removed since it was opened)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened_file = os.fstat(fd)
+    return (now.st_dev, now.st_ino) == (opened_file.st_dev, opened_file.st_ino)
 
 
 def unlink_if_present(path):

@@ -20,9 +20,11 @@ import contextlib
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+    REREAD_ACTION,
     admit,
     raise_fence,
     read_fence,
+    store_epoch_reader,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     COUNTERS_MAP,
@@ -122,15 +124,20 @@ def fenced_writer(layout, what, epoch=None):
     """The writer lock, and on leaving it the zeros again if a rollback raised the fence.
 
     epoch is what the writer carries: a fence raised to it by the writer's own admit() is
-    not a rollback. Anything higher appeared while this writer held the lock.
+    not a rollback, nor is the store's epoch that admit() recorded on a node that had no
+    fence file (fence.REREAD_ACTION; a rollback after it leaves its own action). Anything
+    else higher appeared while this writer held the lock.
     """
     with writer_lock(layout, what):
         fence_at_entry = read_fence(layout.fence_file)["epoch"]
         try:
             yield
         finally:
-            fence_now = read_fence(layout.fence_file)["epoch"]
-            if fence_now > max(fence_at_entry, epoch or 0):
+            fence_now = read_fence(layout.fence_file)
+            if (
+                fence_now["epoch"] > max(fence_at_entry, epoch or 0)
+                and fence_now.get("action") != REREAD_ACTION
+            ):
                 zero_weights(layout)
 
 
@@ -236,21 +243,25 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
     """Create route name, or change its weight; returns changed/before/after (Route or None).
 
     epoch is the writer's fence epoch (None: it carries none); a write that raises the
-    weight with an epoch older than the node's fence is refused (fence.admit).
+    weight with an epoch older than the node's fence, or above the rollout store's, is
+    refused (fence.admit). warnings: what the write could not check (the store down).
     """
     require_maps(layout)
+    warnings = []
     with fenced_writer(layout, "route %r" % name, epoch):
         routes = read_routes(layout)
         before = find_route(routes, name)
         entry = plan_route(routes, name, port, weight)
         if entry is None:
-            return {"changed": False, "before": before, "after": before}
+            return {"changed": False, "before": before, "after": before, "warnings": warnings}
         admit(
             layout.fence_file,
             epoch,
             entry.weight_bp > (before.weight_bp if before is not None else 0),
             "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
             check_mode,
+            store_epoch=store_epoch_reader(layout.store_config),
+            warnings=warnings,
         )
         if not check_mode:
             if before is None:
@@ -264,7 +275,7 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
                 "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
                 epoch,
             )
-        return {"changed": True, "before": before, "after": entry}
+        return {"changed": True, "before": before, "after": entry, "warnings": warnings}
 
 
 def fence_routes(layout, epoch=None, action="fast rollback"):

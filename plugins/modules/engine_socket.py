@@ -186,6 +186,9 @@ def main():
             )
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
+    # The node could not ask the rollout store about a new epoch: said, not refused.
+    for warning in result.get("warnings", []):
+        module.warn(warning)
 
     output = {
         "changed": result["changed"],

@@ -167,6 +167,9 @@ def main():
             result = remove_route(layout, params["name"], module.check_mode)
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
+    # The node could not ask the rollout store about a new epoch: said, not refused.
+    for warning in result.get("warnings", []):
+        module.warn(warning)
 
     after = result["after"]
     output = {

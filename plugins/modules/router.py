@@ -67,6 +67,11 @@ options:
     description:
       - File, outside bpffs, where the node keeps the highest fence epoch it has seen, and the
         router mode (kept detached by a deep rollback, or active).
+      - It is the node's, not the caller's. Where the node config C(/etc/zerolayer/router.json)
+        (written by the P(zerolayer.fleet.ebpf_router#role) role) is this router's (it names this
+        O(pin_dir), or none and O(pin_dir) is the default), its C(fence_file) is used (the default
+        stands for it), and any other value fails naming both, changing nothing. Elsewhere (a
+        router attached by hand) the value given stands.
     type: path
     default: /var/lib/zerolayer/fence.json
   epoch:

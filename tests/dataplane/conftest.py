@@ -52,6 +52,15 @@ def run(argv, **kwargs):
     return subprocess.run(argv, check=True, capture_output=True, text=True, **kwargs)
 
 
+@pytest.fixture
+def etcd():
+    """A real etcd member of this test's own (tests may stop and start it), ended always."""
+    from store.etcd_member import running_etcd
+
+    with running_etcd() as member:
+        yield member
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _require_root():
     if os.geteuid() != 0:
@@ -389,3 +398,12 @@ def four_sigma_bounds(count, share):
     mean = count * share
     spread = 4 * (count * share * (1 - share)) ** 0.5
     return mean - spread, mean + spread
+
+
+def file_bytes(path):
+    """The file's bytes; None while it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None

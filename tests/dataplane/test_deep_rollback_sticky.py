@@ -24,7 +24,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 
-from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, routectl, run
+from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, file_bytes, routectl, run
 from .decision_model import Seeds
 from .test_modules import ansible
 
@@ -87,15 +87,6 @@ def steer_everything(layout, engine):
         "--port", str(ENGINE_PORT), "--timeout", "5", "--epoch", str(epoch),
     )  # fmt: skip
     assert status == 0, registered
-
-
-def file_bytes(path):
-    """The file's bytes; None while it does not exist."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
 
 
 @pytest.fixture

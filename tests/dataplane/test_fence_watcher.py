@@ -17,7 +17,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import Etc
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
-from store.etcd_member import running_etcd
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes
 from .test_deep_rollback_sticky import boot_attach, write_config
@@ -28,13 +27,6 @@ ROUTECTL = (
     "sys.exit(main())" % COLLECTIONS_PATH
 )
 NODE = "zlt-node-1"
-
-
-@pytest.fixture
-def etcd():
-    """A member of this test's own: some tests stop and start it."""
-    with running_etcd() as member:
-        yield member
 
 
 @pytest.fixture

@@ -202,6 +202,8 @@ def test_detach_then_attach_from_config(attached, netns, engine, router_object, 
         json.dumps(
             {
                 "pin_dir": attached.pin_dir,
+                # The router's own fence file: the node config says which one it is.
+                "fence_file": attached.fence_file,
                 "object": router_object,
                 "netns": netns.path,
                 "routes": [
@@ -240,6 +242,8 @@ def test_attach_pin_weight_overrides_the_live_weight(attached, netns, router_obj
         json.dumps(
             {
                 "pin_dir": attached.pin_dir,
+                # The router's own fence file: the node config says which one it is.
+                "fence_file": attached.fence_file,
                 "object": router_object,
                 "netns": netns.path,
                 "routes": [{"name": "chat", "port": SERVICE_PORT, "weight": 0, "pin_weight": True}],

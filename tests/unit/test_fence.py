@@ -141,3 +141,20 @@ def test_the_fence_file_is_written_whole_and_private(path):
     assert fence.read_fence(path) == {"epoch": 7, "action": "fast"}
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")] == []
+
+
+def test_the_fence_files_directory_is_synced_after_the_rename(path, monkeypatch):
+    """A rename that only the page cache knows of can be lost by a crash: the node would
+    then come back with its old fence, or none."""
+    import stat
+
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    fence.raise_fence(path, 3, "fast rollback")
+    assert synced == [False, True], "the file, then its directory"
