@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import socket
 import ssl
 import urllib.parse
@@ -30,6 +31,11 @@ DEFAULT_TIMEOUT_S = 3.0
 RETRIED_PATHS = frozenset(
     ("/v3/kv/range", "/v3/auth/authenticate", "/v3/lease/grant", "/v3/lease/timetolive")
 )
+# A token to sign in again for: expired or unknown ("invalid auth token"), or a JWT signed
+# before the last change of users, roles or permissions ("revision of auth store is old":
+# etcd keeps the auth revision in the JWT and refuses it after any such change; etcd's Go
+# client signs in again on both).
+_TOKEN_TO_RENEW = re.compile(r"auth token|revision of auth store is old")
 
 
 class StoreUnavailable(FleetError):
@@ -207,7 +213,7 @@ class EtcdClient:
         try:
             return self._call_once_more_if_unanswered(path, body, token)
         except FleetError as exc:
-            if not (token and self.user and "auth token" in exc.message):
+            if not (token and self.user and _TOKEN_TO_RENEW.search(exc.message)):
                 raise
         self._token = None
         return self._call_once_more_if_unanswered(path, body, token)
@@ -356,7 +362,9 @@ class EtcdClient:
         """Yield lists of KeyValue changed at key, as the store sends them.
 
         The response stays open; each line is one JSON object. timeout bounds the wait for
-        each line (None: the client's timeout); StoreUnavailable ends the watch.
+        each line (None: the client's timeout); StoreUnavailable ends the watch, also when the
+        store cancels it (start_revision was compacted away): the caller reads afresh and
+        watches again from the revision of that read, at once rather than after timeout.
         """
         body = {"create_request": {"key": _b64(key)}}
         if start_revision:
@@ -368,6 +376,8 @@ class EtcdClient:
                     result = json.loads(line.decode()).get("result", {})
                 except ValueError:
                     continue
+                if result.get("canceled"):
+                    raise _cancelled(key, start_revision, result, self.endpoints)
                 events = result.get("events") or []
                 if events:
                     yield [KeyValue(event.get("kv", {})) for event in events]
@@ -377,6 +387,24 @@ class EtcdClient:
             ) from None
         finally:
             response.close()
+
+
+def _cancelled(key, start_revision, result, endpoints):
+    """Why the store cancelled a watch: its start revision compacted away (read afresh and
+    watch again at once: StoreUnavailable) or an answer such as a denied permission (an
+    error the caller reports and retries later, never in a tight loop)."""
+    compacted = int(result.get("compact_revision") or 0)
+    if compacted:
+        return StoreUnavailable(
+            "the store cancelled the watch of %s: revision %s was compacted (the oldest kept is "
+            "%d); read it again" % (key, start_revision, compacted),
+            {"endpoints": endpoints, "compact_revision": compacted},
+        )
+    return FleetError(
+        "the store cancelled the watch of %s: %s"
+        % (key, result.get("cancel_reason") or "no reason given"),
+        {"endpoints": endpoints},
+    )
 
 
 class _Response:

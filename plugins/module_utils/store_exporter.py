@@ -13,8 +13,8 @@ zerolayer-store-exporter, run on each member of the store by the rollout_store r
   render()      the exposition text of that state (pure, exposition.py's samples)
   serve()       the HTTP server: one look at the store per scrape
   watch_deadlines()  every few seconds, each wave past its progress deadline announced
-                once (an event to the notification sinks) and, where its record asks and
-                this exporter may, aborted
+                once (a `stuck` event in the store) and, where its record asks and this
+                exporter may, aborted
   EventsPrune   every hour, the events older than the retention deleted
                 (events_retention.py), so the store does not grow to its quota
 
@@ -22,6 +22,13 @@ A key the exporter does not understand (a record of another format, an owner tha
 JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the other waves
 are still exported. A store that cannot be read gives zerolayer_rollout_store_up 0 and
 nothing else: an outage must not look like "no rollout, no owner".
+
+The exporter's store user reads only what it exports (the fence, the owners, the records)
+and writes only the events; it cannot read the notification sinks (config/notifications:
+their urls and headers are secrets), so it sends nothing to them. Whoever must know of a
+stuck wave now is paged by ZerolayerRolloutStuck (this exporter's
+zerolayer_rollout_store_wave_stuck, through Alertmanager); the sinks get the `stuck` event
+from the fleet's next sender (notify.hand_off), in the store's order.
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ import threading
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     events_retention,
     exposition,
-    notify,
     rollout,
     rollout_events,
     rollout_ops,
@@ -377,11 +383,12 @@ def _stuck_event(record_key, record, progress, now, actor, action):
     )
 
 
-def watch_deadlines(store, may_abort=False, now=None, actor=None, post=None):
-    """One look for stuck waves; each announced once and, when its record asks for it
-    (canary_progress_deadline_abort) and may_abort, its rollout aborted (the fence raised:
-    every node's watcher puts it at weight 0). Returns [{record_key, action}] of what this
-    call announced; the notification sinks are sent the events before it returns."""
+def watch_deadlines(store, may_abort=False, now=None, actor=None):
+    """One look for stuck waves; each announced once (its `stuck` event) and, when its record
+    asks for it (canary_progress_deadline_abort) and may_abort, its rollout aborted (the fence
+    raised: every node's watcher puts it at weight 0). Returns [{record_key, action}] of what
+    this call announced. Nothing is sent to the notification sinks from here (the module's
+    docstring says why)."""
     now = now or utc_now()
     actor = actor or "zerolayer-store-exporter@%s" % socket.gethostname()
     raw = read_store(store)
@@ -416,8 +423,6 @@ def watch_deadlines(store, may_abort=False, now=None, actor=None, post=None):
                 % progress["deadline_s"], actor,
             )  # fmt: skip
         announced.append({"record_key": record_key, "action": action})
-    if announced:
-        notify.send_now(store, **({"post": post} if post else {}))
     return announced
 
 
@@ -614,7 +619,7 @@ def build_parser():
         type=float,
         default=DEADLINE_WATCH_INTERVAL_S,
         help="seconds between looks for waves stuck past their progress deadline, each "
-        "announced once to the notification sinks (default %(default)s; 0 turns it off)",
+        "announced once by a stuck event in the store (default %(default)s; 0 turns it off)",
     )
     parser.add_argument(
         "--events-retention-days",

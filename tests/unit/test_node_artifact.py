@@ -70,10 +70,10 @@ def test_it_holds_what_the_commands_import_and_nothing_of_the_controller(tmp_pat
         names = set(archive.namelist())
     assert manifest["version"] == artifact["version"]
     assert sorted(manifest["commands"]) == sorted(node_artifact.COMMANDS)
-    # notify: the store's exporter announces a stuck wave to the notification sinks.
-    for module in ("node_cli", "fence_watcher", "exposition", "store_exporter", "errors", "notify"):
+    for module in ("node_cli", "fence_watcher", "exposition", "store_exporter", "errors"):
         assert module in manifest["modules"]
-    for controller_only in ("drill", "rollout_cli", "push_shards", "canary_gate"):
+    # notify: the sinks are secrets the nodes and the store's exporter never read.
+    for controller_only in ("drill", "rollout_cli", "push_shards", "canary_gate", "notify"):
         assert controller_only not in manifest["modules"]
     package = node_artifact.PACKAGE.replace(".", "/")
     assert {"%s/%s.py" % (package, m) for m in manifest["modules"]} <= names

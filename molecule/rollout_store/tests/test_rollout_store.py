@@ -20,6 +20,7 @@ NODE = RUNNER.get_hosts("gpu_nodes")[0]
 PKI = pathlib.Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "pki"
 MEMBER_PKI = "/etc/etcd/zerolayer"
 STORE = "/etc/zerolayer/store"
+EXPORTER = "/etc/zerolayer/store-exporter"
 # The controller's credentials are copied into the node for these checks only.
 CONTROLLER = "/root/zl-verify-controller"
 LOCAL = "https://127.0.0.1:2379"
@@ -109,16 +110,62 @@ def test_listens_on_client_and_peer_ports(host, address):
 
 
 def test_serves_tls_with_the_stores_certificate(host, address):
-    for port in (2379, 2380):
-        result = host.run(
-            f"openssl s_client -connect {address}:{port} -CAfile {MEMBER_PKI}/ca.pem "
-            f"-verify_return_error -verify_ip {address} "
-            f"-cert {STORE}/node.pem -key {STORE}/node-key.pem </dev/null"
-        )
-        assert result.rc == 0, result.stdout + result.stderr
-        assert "Verify return code: 0 (ok)" in result.stdout
+    result = host.run(
+        f"openssl s_client -connect {address}:2379 -CAfile {MEMBER_PKI}/ca.pem "
+        f"-verify_return_error -verify_ip {address} "
+        f"-cert {STORE}/node.pem -key {STORE}/node-key.pem </dev/null"
+    )
+    assert result.rc == 0, result.stdout + result.stderr
+    assert "Verify return code: 0 (ok)" in result.stdout
     plain = host.run("curl -sS -m 5 http://127.0.0.1:2379/health")
     assert plain.rc != 0 or "etcd" not in plain.stdout
+
+
+def peer_get(host, address, cert, key, path="/members"):
+    """GET on the peer port with the peers' CA and the given certificate."""
+    return host.run(
+        f"curl -sS -m 10 --http1.1 --cacert {MEMBER_PKI}/peer-ca.pem --cert {cert} --key {key} "
+        f"https://{address}:2380{path}"
+    )
+
+
+def test_peer_port_serves_the_peers_certificate_not_the_stores(host, address):
+    served = host.run(
+        f"openssl s_client -connect {address}:2380 -CAfile {MEMBER_PKI}/peer-ca.pem "
+        f"-verify_return_error -verify_ip {address} "
+        f"-cert {MEMBER_PKI}/peer.pem -key {MEMBER_PKI}/peer-key.pem </dev/null"
+    )
+    assert served.rc == 0 and "Verify return code: 0 (ok)" in served.stdout, served.stderr
+    # Two CAs: neither signs what the other port trusts.
+    crossed = host.run(
+        f"openssl verify -CAfile {MEMBER_PKI}/ca.pem {MEMBER_PKI}/peer.pem; "
+        f"openssl verify -CAfile {MEMBER_PKI}/peer-ca.pem {STORE}/node.pem"
+    )
+    assert crossed.stdout.count(": OK") == 0, crossed.stdout
+    settings = host.file("/etc/default/etcd").content_string
+    assert f"ETCD_PEER_TRUSTED_CA_FILE={MEMBER_PKI}/peer-ca.pem" in settings.splitlines()
+
+
+def test_a_nodes_client_certificate_is_no_peer(host, address):
+    """Item 7 of issue #28: the peer port (raft, no RBAC) refuses the certificates of the
+    store's clients in the TLS handshake; a member's peer certificate gets in."""
+    peer = peer_get(host, address, f"{MEMBER_PKI}/peer.pem", f"{MEMBER_PKI}/peer-key.pem")
+    assert peer.rc == 0 and '"peerURLs"' in peer.stdout, peer.stdout + peer.stderr
+    for cert, key in (
+        (f"{STORE}/node.pem", f"{STORE}/node-key.pem"),
+        (f"{EXPORTER}/exporter.pem", f"{EXPORTER}/exporter-key.pem"),
+        (f"{MEMBER_PKI}/member.pem", f"{MEMBER_PKI}/member-key.pem"),
+        (f"{MEMBER_PKI}/root.pem", f"{MEMBER_PKI}/root-key.pem"),
+    ):
+        refused = peer_get(host, address, cert, key)
+        assert refused.rc != 0, cert + ": " + refused.stdout
+        assert '"peerURLs"' not in refused.stdout
+    # And the other way round: a peer certificate is nobody on the client port.
+    client = host.run(
+        f"curl -sS -m 10 --cacert {MEMBER_PKI}/ca.pem --cert {MEMBER_PKI}/peer.pem "
+        f"--key {MEMBER_PKI}/peer-key.pem https://{address}:2379/health"
+    )
+    assert client.rc != 0, client.stdout
 
 
 def test_client_without_certificate_is_refused(host, endpoint):
@@ -169,6 +216,32 @@ def test_controller_through_the_json_gateway(host, controller, endpoint):
     )
     assert (rc, status) == (0, "200"), body
     assert base64.b64decode(json.loads(body)["kvs"][0]["value"]) == b"two"
+
+
+def test_auth_tokens_are_jwts_signed_with_the_stores_key(host, controller):
+    """Item 9 of issue #28: no simple tokens; an ES256 JWT signed with the store's own key,
+    which only etcd reads on the member."""
+    settings = host.file("/etc/default/etcd").content_string.splitlines()
+    (flag,) = [line for line in settings if line.startswith("ETCD_AUTH_TOKEN=")]
+    assert flag == (
+        f"ETCD_AUTH_TOKEN=jwt,pub-key={MEMBER_PKI}/token.pub.pem,"
+        f"priv-key={MEMBER_PKI}/token-key.pem,sign-method=ES256,ttl=300s"
+    )
+    pid = host.check_output("systemctl show -p MainPID --value etcd")
+    environ = host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert flag in environ.splitlines()
+    key = host.file(f"{MEMBER_PKI}/token-key.pem")
+    assert (key.user, key.group, key.mode) == ("etcd", "etcd", 0o600)
+    token = token_for(host, controller)
+    parts = token.split(".")
+    assert len(parts) == 3 and all(parts), token
+    header = json.loads(base64.urlsafe_b64decode(parts[0] + "=" * (-len(parts[0]) % 4)))
+    claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    assert header["alg"] == "ES256"
+    assert claims["username"] == "zerolayer-controller"
+    # Signed with the key the controller made: its public half checks the signature.
+    public = (PKI / "token.pub.pem").read_bytes()
+    assert host.file(f"{MEMBER_PKI}/token.pub.pem").content == public
 
 
 def test_node_store_json(host, node, endpoint):

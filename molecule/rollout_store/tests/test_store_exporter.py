@@ -175,21 +175,40 @@ def exporter_etcdctl(host, *args):
     return host.run(shlex.join(command))
 
 
-def test_exporter_user_reads_the_prefix_and_writes_only_what_the_deadline_watch_needs(host):
-    assert exporter_etcdctl(host, "get", "--prefix", "--keys-only", "/zerolayer/").rc == 0
-    # rollout_store_exporter_aborts_stuck is false: no fence, no records, no owners.
+def test_exporter_user_reads_what_it_exports_and_writes_only_the_events(host):
+    for args in (("/zerolayer/fence",), ("--prefix", "/zerolayer/owners/"),
+                 ("--prefix", "/zerolayer/rollouts/")):  # fmt: skip
+        read = exporter_etcdctl(host, "get", "--keys-only", *args)
+        assert read.rc == 0, str(args) + read.stderr
+    # rollout_store_exporter_aborts_stuck is false: no fence, no records, no owners written.
     for key in ("/zerolayer/fence", "/zerolayer/rollouts/x", "/zerolayer/owners/x"):
         result = exporter_etcdctl(host, "put", key, "0")
         assert result.rc != 0 and "permission denied" in result.stderr, key
-    # A stuck wave's event, and the notification sender's lease key and cursors.
-    for key in ("/zerolayer/events/verify-watch/w.stuck.x", "/zerolayer/notifications/verify"):
-        put = exporter_etcdctl(host, "put", key, "{}")
-        assert put.rc == 0, key + put.stderr
-        assert exporter_etcdctl(host, "del", key).rc == 0
+    # A stuck wave's event (the deadline watch) and its deletion (the events' retention).
+    key = "/zerolayer/events/verify-watch/w.stuck.x"
+    put = exporter_etcdctl(host, "put", key, "{}")
+    assert put.rc == 0, key + put.stderr
+    assert exporter_etcdctl(host, "del", key).rc == 0
     result = exporter_etcdctl(host, "get", "/elsewhere")
     assert result.rc != 0 and "permission denied" in result.stderr
     unit = host.file("/etc/systemd/system/zerolayer-store-exporter.service").content_string
     assert "--deadline-watch-interval 10" in unit and "--abort-stuck" not in unit
+
+
+def test_exporter_user_cannot_read_the_notification_sinks(host):
+    """Item 8 of issue #28: the sinks' urls and headers are secrets; the exporter's user (on
+    every member, behind a port Prometheus scrapes) reads neither them nor the rest of the
+    prefix it does not export, and writes no sender's keys."""
+    for args in (
+        ("get", "/zerolayer/config/notifications"),
+        ("get", "--prefix", "/zerolayer/config/"),
+        ("get", "--prefix", "--keys-only", "/zerolayer/"),
+        ("get", "--prefix", "/zerolayer/acks/"),
+        ("get", "/zerolayer/notifications/sender"),
+        ("put", "/zerolayer/notifications/cursor/verify", "{}"),
+    ):
+        result = exporter_etcdctl(host, *args)
+        assert result.rc != 0 and "permission denied" in result.stderr, args
 
 
 def test_exporter_serves_the_store_as_the_collection_writes_it(host, address, writer):
