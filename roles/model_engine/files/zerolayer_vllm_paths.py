@@ -13,8 +13,11 @@ and the proxy's (roles/model_engine and roles/legacy_proxy):
 
 So nothing answers but 401 or 404 without a key, on either port.
 
-The keys come from the unit's environment as vLLM reads them (VLLM_API_KEY, or
-ZEROLAYER_API_KEYS for several); no key configured means no key is asked for.
+The keys are the engine's own: with several, the file named by ZEROLAYER_API_KEYS_FILE,
+which zerolayer_vllm_serve.py reads for vLLM too (a file that cannot be read or holds no key
+stops the engine from starting); with one, VLLM_API_KEY, as vLLM reads it. ZEROLAYER_API_KEYS
+(several, separated by spaces) is still read where a unit sets it. No key configured means
+no key is asked for.
 
 Every answer also names the engine (X-Zerolayer-Engine-Name, from ZEROLAYER_ENGINE_NAME), as
 the simulator's do: an engine upgrade checks by it that new connections reach the new one.
@@ -35,6 +38,7 @@ import os
 import time
 
 import zerolayer_direct_drain
+import zerolayer_vllm_serve
 
 UNAUTHORIZED = json.dumps({"error": "Unauthorized"}).encode()
 NOT_FOUND = json.dumps(
@@ -53,7 +57,10 @@ log = logging.getLogger(__name__)
 
 
 def configured_keys(environ):
-    keys = environ.get("ZEROLAYER_API_KEYS", "").split() or [environ.get("VLLM_API_KEY", "")]
+    if environ.get(zerolayer_vllm_serve.KEYS_FILE_VARIABLE):
+        keys = zerolayer_vllm_serve.read_keys(environ[zerolayer_vllm_serve.KEYS_FILE_VARIABLE])
+    else:
+        keys = environ.get("ZEROLAYER_API_KEYS", "").split() or [environ.get("VLLM_API_KEY", "")]
     # Compared as digests, so the time taken says nothing about a key's length.
     return [hashlib.sha256(key.encode()).digest() for key in keys if key]
 
