@@ -6,15 +6,20 @@ An operator's pause (from another shell, AWX, or the command line) lands in the 
 record; a rollback or abort raises the fence in the rollout store. The runner reads both
 at every gate evaluation and before it writes, so a decision made elsewhere is honoured
 within one gate interval, and never undone by a hold that ends afterwards.
+
+The runner's own lease on the rollout scope is read at the same time: a runner whose
+heartbeat could not renew it (a partition longer than the TTL, a stalled controller) may
+have lost the scope to a second runner, and must not learn that only at its next write.
 """
 
 from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import OwnerLost
 
 # Decisions that end the runner's hold without a gate evaluation and stop it there.
-STOPS = ("paused", "stopped", "fenced", "moved")
+STOPS = ("paused", "stopped", "fenced", "moved", "owner_lost")
 
 
 def record_standing(records, stage=None):
@@ -83,7 +88,26 @@ def fence_standing(store, epoch):
     return None
 
 
-def standing(records, store, epoch, stage=None):
+def owner_standing(store, scope, lease):
+    """(decision, reason) when this runner's lease no longer holds scope, or the store is gone."""
+    if store is None or scope is None or lease is None:
+        return None
+    try:
+        store.confirm_owner(scope, lease)
+    except OwnerLost as exc:
+        return ("owner_lost", exc.message)
+    except StoreUnavailable as exc:
+        return ("store_unreachable", exc.message)
+    return None
+
+
+def standing(records, store, epoch, stage=None, owner=None):
     """The first reason to stop, to end the hold (a person promoted it), or to wait for the
-    store; None to go on. stage is the index the runner holds."""
-    return fence_standing(store, epoch) or record_standing(records, stage)
+    store; None to go on. stage is the index the runner holds; owner, (scope, lease) of
+    this runner when it took the scope."""
+    scope, lease = owner or (None, None)
+    return (
+        fence_standing(store, epoch)
+        or owner_standing(store, scope, lease)
+        or record_standing(records, stage)
+    )

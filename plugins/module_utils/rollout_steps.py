@@ -23,9 +23,10 @@ REQUESTS = ("run", "pause", "resume", "promote", "promote_full", "abort")
 # The wave's outcomes at which a run changes nothing more.
 STOPPED_OUTCOMES = ("paused", "rolled_back", "aborted")
 # canary_gate's decisions made because someone else acted during the hold: a pause, a
-# fence raised by a rollback, the record finished or moved on by another actor.
+# fence raised by a rollback, the record finished or moved on by another actor, the
+# runner's lease on the scope lost (another runner may hold it now).
 # Nothing more is written.
-ACTED_ELSEWHERE = ("paused", "stopped", "fenced", "moved")
+ACTED_ELSEWHERE = ("paused", "stopped", "fenced", "moved", "owner_lost")
 # canary_gate's decisions at the end of a hold that this run records.
 HOLD_ENDINGS = ("complete", "pause", "rollback")
 
@@ -116,6 +117,7 @@ def at_hold_end(verdict, wave_id, wave, stage, weight):
             "paused": " Continue with -e canary_action=resume.",
             "fenced": " Its nodes are fenced: start a new rollout, or -e canary_take_epoch=true"
             " to carry on on purpose.",
+            "owner_lost": " See who runs it now (zerolayer rollout status) before resuming.",
         }.get(decision, "")
         return step(
             halt=halt(

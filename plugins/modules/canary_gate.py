@@ -187,6 +187,17 @@ options:
       - When the store cannot be reached, no gate is evaluated and RV(decision) stays V(continue),
         so the hold cannot end while nobody can see the fence (RV(store_reachable) is false).
     type: int
+  owner_scope:
+    description:
+      - The rollout scope this runner took (M(zerolayer.fleet.rollout_owner)), with O(owner_lease).
+        Before every evaluation the runner's lease is checked in the rollout store; when it no
+        longer holds the scope (its heartbeat could not renew the lease for its TTL, and another
+        runner may have taken it), RV(decision) is V(owner_lost), no gate is evaluated, and the
+        runner writes nothing more.
+    type: str
+  owner_lease:
+    description: The lease M(zerolayer.fleet.rollout_owner) returned for O(owner_scope).
+    type: int
   store_timeout:
     description: Seconds to wait for the rollout store.
     type: float
@@ -280,7 +291,8 @@ decision:
   description:
     - What the rollout does now, V(continue), V(complete), V(rollback) or V(pause); or, without
       a gate evaluation, V(paused) (someone paused the record), V(stopped) (the record is
-      finished) or V(fenced) (the fleet's fence rose above O(epoch)).
+      finished), V(fenced) (the fleet's fence rose above O(epoch)), V(moved) (another actor
+      moved the record on) or V(owner_lost) (this runner no longer holds O(owner_scope)).
   returned: always
   type: str
   sample: continue
@@ -513,7 +525,8 @@ def run(params, check_mode):
             records = StoreRecords(store, params["record_key"])
     elif params.get("record_path"):
         records = FileRecords(params["record_path"])
-    stop = rollout_guard.standing(records, store, params.get("epoch"), params["stage"])
+    owner = (params.get("owner_scope"), params.get("owner_lease"))
+    stop = rollout_guard.standing(records, store, params.get("epoch"), params["stage"], owner)
     if stop is not None:
         return _stopped(params, stop, now)
 
@@ -626,9 +639,12 @@ def main():
             record_path=dict(type="path"),
             record_key=dict(type="str", no_log=False),
             epoch=dict(type="int"),
+            owner_scope=dict(type="str"),
+            owner_lease=dict(type="int"),
             store_timeout=dict(type="float", default=3.0),
             **store_options(required=False),
         ),
+        required_together=[("owner_scope", "owner_lease")],
         supports_check_mode=True,
     )
     params = dict(module.params)

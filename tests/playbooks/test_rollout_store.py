@@ -211,10 +211,12 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     rollout_id, runner = holding_runner(fleet, records, store_config, "store-pause")
     assert set(direct_weights(fleet).values()) == {500}
     # The other writers of routes take the scope too: while the runner holds the nodes, an
-    # engine upgrade and a restore are refused, naming the runner, and change nothing.
+    # engine upgrade, a restore and the node plays of site.yml (whose drains write weights)
+    # are refused, naming the runner, and change nothing.
     upgrade = fleet.engine_upgrade("chat", {"name": "chat_refused", "listen_port": 8109})
     restore = fleet.playbook("restore.yml")
-    for refused in (upgrade, restore):
+    provision = fleet.playbook("site.yml", "--tags", "model_engine")
+    for refused in (upgrade, restore, provision):
         assert refused.returncode != 0, refused.stdout[-4000:]
         assert rollout_id in refused.stdout and "held by" in refused.stdout, refused.stdout[-4000:]
     assert set(direct_weights(fleet).values()) == {500}
@@ -281,7 +283,7 @@ def test_a_rollback_under_another_rollout_id_fences_the_holding_runner(
     no_failed_request(client)
 
 
-def test_a_rollback_with_its_store_login_refused_still_rolls_every_node_back(
+def test_a_rollback_or_abort_with_its_store_login_refused_still_rolls_every_node_back(
     fleet, records, baseline, tmp_path
 ):
     # The store answers, with an error: every store failure is "store not updated", and the
@@ -301,6 +303,21 @@ def test_a_rollback_with_its_store_login_refused_still_rolls_every_node_back(
     assert report["store_updated"] is False, report
     assert report["store_error_kind"] == "refused", report
     assert "authentication failed" in report["store_error"], report
+    assert report["nodes_confirmed"] == len(fleet.nodes), report
+    report_path.unlink()
+    # The canary's abort is not held back by the store either: no fence read, no record,
+    # and still every node at 0, the report saying the store was not updated.
+    fleet.set_weight(100)
+    aborted = fleet.canary(
+        unique("abort-no-store"), records, "-e", "canary_action=abort",
+        "-e", "rollout_store_password_file=%s" % wrong,
+    )  # fmt: skip
+    assert aborted.returncode == 0, aborted.stdout[-4000:]
+    assert set(direct_weights(fleet).values()) == {0}
+    assert "while the rollout store could not be read" in aborted.stdout, aborted.stdout[-4000:]
+    (report_path,) = records.glob("rollback-fast-*.json")
+    report = json.loads(report_path.read_text())
+    assert (report["store_updated"], report["store_error_kind"]) == (False, "refused"), report
     assert report["nodes_confirmed"] == len(fleet.nodes), report
 
 
@@ -364,7 +381,8 @@ def test_a_runner_that_lost_its_lease_writes_no_further_weight(
     fleet, records, baseline, store_config, load
 ):
     """The runner's lease goes (revoked here, as etcd does when a partition outlasts the
-    TTL): at its next stage it finds it no longer owns the scope and stops before writing."""
+    TTL) while it holds: its next gate evaluation finds it no longer owns the scope, and it
+    stops there, within one gate interval, writing nothing more (no hold end needed)."""
     client = load("lease-lost")
     rollout_id, runner = holding_runner(fleet, records, store_config, "store-lost")
     holder = zerolayer(store_config, "rollout", "status")[1]["owners"]["gpu_nodes"]
@@ -383,14 +401,18 @@ def test_a_runner_that_lost_its_lease_writes_no_further_weight(
         env=dict(fleet.env, PYTHONPATH=str(REPO / ".collections")),
         check=True, timeout=60,
     )  # fmt: skip
+    lost_at = time.monotonic()
     assert "gpu_nodes" not in zerolayer(store_config, "rollout", "status")[1]["owners"]
-    # End the hold, so that the runner goes on to its next stage's write at once.
-    status, _result, err = zerolayer(store_config, "rollout", "promote", rollout_id)
-    assert status == 0, err
-    wait_ended(runner, timeout=120)
+    # The hold has minutes to run: only the lease check can end it this soon.
+    wait_ended(runner, timeout=GATE_INTERVAL_S * 3 + 60)
+    noticed_s = time.monotonic() - lost_at
     output = runner.log_path.read_text()
     assert runner.returncode != 0, output[-3000:]
     assert "no longer owns scope gpu_nodes" in output and "nobody holds it now" in output
+    assert "without writing anything more" in output, output[-3000:]
+    print("lost lease noticed by the runner %.2f s after the revoke (gate interval %d s)"
+          % (noticed_s, GATE_INTERVAL_S))  # fmt: skip
+    assert wave_status(store_config, rollout_id)["stage"] == 0, "no next stage"
     assert set(direct_weights(fleet).values()) == {500}, "no weight after the lease was lost"
     no_failed_request(client)
 

@@ -84,6 +84,72 @@ def test_a_raised_fence_stops_the_runner_whatever_its_rollout_id(store):
     assert decision == "fenced" and "from 0 to 1" in reason and "p99 page" in reason
 
 
+def test_a_runner_whose_lease_lapsed_stops_at_its_next_evaluation(store):
+    """A partition longer than the TTL: the heartbeat could not renew the lease (revoked
+    here, as etcd does at the TTL) and a second runner took the scope. The first runner's
+    next evaluation stops it, naming the new holder, before any gate is read."""
+    planted(store)
+    runner_view = StoreRecords(store, "chat-a/wave_canary")
+    mine = store.acquire("gpu_nodes", {"host": "ctl-1", "pid": 11, "rollout_id": "chat-a"}, 10)
+    owner = ("gpu_nodes", mine["lease"])
+    assert rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner) is None
+    store.client.revoke_lease(mine["lease"])
+    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner)
+    assert decision == "owner_lost" and "nobody holds it now" in reason
+    store.acquire("gpu_nodes", {"host": "ctl-2", "pid": 22, "rollout_id": "chat-b"}, 10)
+    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner)
+    assert decision == "owner_lost" and "host ctl-2, pid 22, rollout chat-b" in reason
+
+
+def test_the_gate_module_stops_a_runner_without_its_lease_and_reads_no_gate(store, tmp_path):
+    """canary_gate with owner_scope/owner_lease: decision owner_lost, nothing evaluated
+    (Prometheus here is a closed port: a query would fail the module), no history."""
+    from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
+
+    planted(store)
+    mine = store.acquire("gpu_nodes", {"host": "ctl-1", "pid": 11, "rollout_id": "chat-a"}, 10)
+    store.client.revoke_lease(mine["lease"])
+    params = {
+        "prometheus_url": "http://127.0.0.1:9",
+        "timeout": 1,
+        "bearer_token": None,
+        "validate_certs": True,
+        "ca_path": None,
+        "gates": [{"name": "success_rate", "query": "up", "comparison": ">=", "threshold": 1}],
+        "window": "5m",
+        "state_file": str(tmp_path / "gates.json"),
+        "rollout_id": "chat-a:wave_canary",
+        "stage": 0,
+        "weight": 1,
+        "hold": 60,
+        "stage_nodes": ["zl-node-01"],
+        "hold_started_at": None,
+        "consecutive_failure_limit": 3,
+        "failure_limit": 5,
+        "max_holds": 60,
+        "max_hold_extension": "2h",
+        "reset_history": False,
+        "interval": 10,
+        "record_path": None,
+        "record_key": "chat-a/wave_canary",
+        "epoch": 0,
+        "owner_scope": "gpu_nodes",
+        "owner_lease": mine["lease"],
+        "store_timeout": 3.0,
+        "endpoints": store.client.endpoints,
+        "ca_file": None,
+        "cert_file": None,
+        "key_file": None,
+        "user": None,
+        "password_file": None,
+        "prefix": store.prefix,
+    }
+    result = canary_gate.run(params, check_mode=False)
+    assert (result["decision"], result["gates"]) == ("owner_lost", [])
+    assert "no longer owns scope gpu_nodes" in result["decision_reason"]
+    assert not (tmp_path / "gates.json").exists(), "no history written"
+
+
 def test_resume_of_a_fenced_rollout_is_refused_and_changes_nothing(store):
     planted(store)
     rollout_ops.pause(store, "chat-a", "hold on", "oncall@laptop")

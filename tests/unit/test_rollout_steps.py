@@ -141,6 +141,7 @@ def test_a_failed_gate_records_the_verdict_and_rolls_back():
         ("moved", False, ""),
         ("stopped", True, ""),
         ("fenced", True, "-e canary_take_epoch=true"),
+        ("owner_lost", True, "(zerolayer rollout status) before resuming"),
     ],
 )
 def test_a_hold_ended_by_someone_else_writes_nothing_and_says_so(decision, failed, hint):
@@ -157,7 +158,8 @@ def test_a_decision_that_cannot_end_a_hold_is_refused(decision):
     with pytest.raises(FleetError) as caught:
         s.at_hold_end(verdict(decision), WAVE_ID, WAVE, 0, 1)
     assert caught.value.details["field"] == "verdict"
-    assert "complete, pause, rollback, paused, stopped, fenced, moved" in caught.value.message
+    expected = "complete, pause, rollback, paused, stopped, fenced, moved, owner_lost"
+    assert expected in caught.value.message
 
 
 # ---------------------------------------------------------------- the end of a stage
