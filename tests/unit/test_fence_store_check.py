@@ -1,5 +1,6 @@
-"""The node's fence against the rollout store (fence.admit with store_epoch): an epoch above the store's cannot raise traffic, a node that lost its fence file takes
-the store's first, and a store that does not answer stops nothing but is said."""
+"""The node's fence against the rollout store (fence.admit with store_epoch): an epoch
+above the store's cannot raise traffic, a node that lost its fence file takes the store's
+first, and a store that does not answer stops nothing but is said."""
 
 import json
 import os
