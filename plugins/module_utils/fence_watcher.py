@@ -129,7 +129,7 @@ def apply(layout, epoch, action, reason):
         raise_fence(layout.fence_file, epoch, "fast rollback (fence watcher, router detached)")
         return {"actions": ["fence epoch recorded: the router is detached"]}
     routes.fence_routes(layout, epoch, "fast rollback (fence watcher)")
-    failures = routes.roll_back_weights(layout)
+    failures, _routes = routes.roll_back_and_read(layout)
     return {"actions": ["weight 0 on every route"], "failures": failures}
 
 

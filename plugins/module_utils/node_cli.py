@@ -317,8 +317,7 @@ def cmd_rollback(args, config):
     epoch_before, epoch_after = routes.fence_routes(layout, args.epoch, "fast rollback")
     before = {route.name: route for route in routes.read_routes(layout)}
     # Blind writes, no lock: a rollback never waits behind another writer.
-    failures = routes.roll_back_weights(layout, before)
-    confirmed = routes.read_routes(layout)
+    failures, confirmed = routes.roll_back_and_read(layout, before)
     report = []
     for route in confirmed:
         entry = {

@@ -16,6 +16,7 @@ weight written after a rollback is 0.
 from __future__ import annotations
 
 import contextlib
+import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
@@ -100,6 +101,29 @@ def roll_back_weights(layout, names=None):
         except FleetError as exc:
             failures[name] = exc.message
     return failures
+
+
+# How long a rollback zeroes again while its read-back still shows a weight. Only a writer
+# that admitted its epoch before the fence can write one (once, then it writes the zeros
+# itself as it leaves its lock): its critical section is a few map writes, milliseconds.
+ROLLBACK_SETTLE_S = 2.0
+
+
+def roll_back_and_read(layout, names=None, settle_s=ROLLBACK_SETTLE_S):
+    """roll_back_weights, then the read-back that proves it: (failures, routes as read).
+
+    A weight that a writer admitted before the fence may land between the zeros and the
+    read-back. The rollback then writes the zeros again and reads again, up to settle_s,
+    without waiting for any lock; a weight still above 0 after that is reported, not hidden.
+    """
+    deadline = time.monotonic() + settle_s
+    failures = roll_back_weights(layout, names)
+    while True:
+        confirmed = read_routes(layout)
+        if all(route.weight_bp == 0 for route in confirmed) or time.monotonic() >= deadline:
+            return failures, confirmed
+        time.sleep(0.005)
+        failures = roll_back_weights(layout, names)
 
 
 def zero_weights(layout):

@@ -117,6 +117,35 @@ def test_a_weight_written_just_after_a_rollback_is_zeroed_as_its_writer_leaves(r
     }
 
 
+def test_a_rollback_writes_the_zeros_again_when_a_late_weight_lands_before_its_read_back(
+    routed, monkeypatch
+):
+    """A writer admitted before the fence writes its weight after the rollback's zeros and
+    has not yet left its lock: the rollback's read-back must not report that moment."""
+    routes.set_route(routed, "chat", weight=100)
+    zero_weights = routes.zero_weights
+    late_writes = []
+
+    def zeros_then_a_late_weight(layout):
+        done = zero_weights(layout)
+        if not late_writes:
+            chat = routes.find_route(routes.read_routes(layout), "chat")
+            routes._write_route(layout, chat.replace(weight_bp=10000), new=False)
+            late_writes.append(chat.name)
+        return done
+
+    monkeypatch.setattr(routes, "zero_weights", zeros_then_a_late_weight)
+    result = rollback(routed)
+    monkeypatch.undo()
+    assert late_writes == ["chat"]
+    assert result["rolled_back"] is True, result
+    assert {route["route"]: route["weight"] for route in result["routes"]} == {
+        "chat": 0,
+        "batch": 0,
+    }
+    assert [route.weight_bp for route in routes.read_routes(routed)] == [0, 0]
+
+
 def test_concurrent_writers_leave_consistent_maps_and_the_rollback_sticks(
     routed, netns, engine, router_object, upgraded_object, tmp_path
 ):
