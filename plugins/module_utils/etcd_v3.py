@@ -304,6 +304,35 @@ class EtcdClient:
                 return False, KeyValue(kvs[0])
         return False, None
 
+    def put_if_reading(self, key, value, mod_revision, read_prefix):
+        """Compare-and-swap as put_if, and in the same transaction a read of the keys under
+        read_prefix (keys only): what was there at the very revision of the put.
+
+        Returns (succeeded, the store's revision, [KeyValue] read; empty when it failed).
+        """
+        answer = self.call(
+            "/v3/kv/txn",
+            {
+                "compare": [_written_at(key, mod_revision)],
+                "success": [
+                    {"request_put": _put_request(key, value)},
+                    {
+                        "request_range": {
+                            "key": _b64(read_prefix),
+                            "range_end": _b64(prefix_end(read_prefix)),
+                            "keys_only": True,
+                        }
+                    },
+                ],
+            },
+        )
+        if not answer.get("succeeded"):
+            return False, self.revision(answer), []
+        kvs = []
+        for response in answer.get("responses") or []:
+            kvs.extend(KeyValue(raw) for raw in response.get("response_range", {}).get("kvs") or [])
+        return True, self.revision(answer), kvs
+
     def get_prefix_pages(self, prefix, page_size):
         """Lists of KeyValue under prefix, page_size keys at a time, in key order: a prefix
         of any size read within etcd's response limits."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -63,6 +64,13 @@ DIRECT_DRAIN_WAIT_S = 30.0
 # it, so `zerolayer rollout status` never shows a dead node's last weights as today's.
 LIVE_TTL_S = 45
 LIVE_KEYS = ("node_epoch", "attached", "mode", "weights_bp")
+# The watcher's presence (presence/<node>): a lease this short, renewed this often, so that a
+# watcher killed is absent within seconds; a watch loop that has not turned for
+# PRESENCE_STALL_S (its idle re-check turns it every IDLE_RECHECK_S) is stuck, and its
+# presence is let expire.
+PRESENCE_TTL_S = 6
+PRESENCE_RENEW_S = 2.0
+PRESENCE_STALL_S = 30.0
 
 
 class FenceRefused(FleetError):
@@ -242,6 +250,49 @@ def acknowledgement(node, epoch, action, step, seen, started):
     }
 
 
+class LeasedKey:
+    """One key of this node's on a lease of its own: written with the lease, kept by renewing
+    the lease (which writes nothing), gone with it. The node's live reading and its
+    watcher's presence are both kept this way."""
+
+    def __init__(self, client, key, ttl_s):
+        self.client = client
+        self.key = key
+        self.ttl_s = ttl_s
+        self.lease = 0
+
+    def put(self, value):
+        """Write value on the lease, granting one first when there is none (or it expired)."""
+        if not self.lease:
+            self.lease = self.client.grant_lease(self.ttl_s)
+        self.client.put(self.key, value, lease=self.lease)
+
+    def renew(self):
+        """Whether the lease was still there to renew; if not the key went with it (and the
+        next put() grants a new one)."""
+        if not self.lease:
+            return False
+        try:
+            renewed = self.client.keep_alive(self.lease) > 0
+        except StoreUnavailable:
+            raise
+        except FleetError:
+            renewed = False  # "requested lease not found": the store forgot it
+        if not renewed:
+            self.lease = 0
+        return renewed
+
+    def revoke(self):
+        """Take the key out of the store now: best effort, the lease ends it anyway."""
+        lease, self.lease = self.lease, 0
+        if not lease:
+            return
+        try:
+            self.client.revoke_lease(lease)
+        except FleetError:
+            pass
+
+
 class LiveReading:
     """The node's weights, as this watcher last read them, kept in the store for status.
 
@@ -251,51 +302,117 @@ class LiveReading:
     """
 
     def __init__(self, store, node, ttl_s=LIVE_TTL_S):
-        self.store = store
-        self.key = store.key("acks", node, "live")
+        self.leased = LeasedKey(store.client, store.key("acks", node, "live"), ttl_s)
+        self.key = self.leased.key
         self.node = node
-        self.ttl_s = ttl_s
-        self.lease = 0
         self.published = None
 
     def publish(self, seen):
         """Keep the reading of seen (a read_back()) in the store; True when it was written."""
         reading = {key: seen.get(key) for key in LIVE_KEYS}
-        if self.lease and self._renewed() and reading == self.published:
+        if self.leased.renew() and reading == self.published:
             return False
-        if not self.lease:
-            self.lease = self.store.client.grant_lease(self.ttl_s)
-        self.store.client.put(
-            self.key,
-            dict(reading, node=self.node, at_unix=round(time.time(), 3)),
-            lease=self.lease,
-        )
+        self.leased.put(dict(reading, node=self.node, at_unix=round(time.time(), 3)))
         self.published = reading
         return True
 
     def withdraw(self):
         """Take the reading out of the store (a watcher that stops): best effort, the
-        lease ends it anyway within ttl_s."""
-        if not self.lease:
-            return
-        try:
-            self.store.client.revoke_lease(self.lease)
-        except FleetError:
-            pass
-        self.lease = 0
+        lease ends it anyway within its TTL."""
+        self.leased.revoke()
         self.published = None
 
-    def _renewed(self):
-        """Whether the lease was still there to renew; if not the key went with it."""
+
+class Presence:
+    """presence/<node>: this node's watcher runs and its loop goes on. The rollback reads it
+    in the transaction that raises the fence and waits only for the watchers present; the
+    other nodes get the push at once instead of after the count's quiet period.
+
+    The key lives on a short lease (ttl_s) that a thread of its own renews every renew_s,
+    but only while the watch loop beats (beat(), on each of its turns): a loop that has not
+    beaten for stall_s is stuck, and a stuck watcher would never acknowledge, so its
+    presence is let expire. A store that fails a renewal is logged and tried again at the
+    next turn; an expired lease is granted anew and the key written again. stop() revokes
+    the lease: a watcher stopped cleanly is absent at once.
+    """
+
+    def __init__(
+        self,
+        store,
+        node,
+        ttl_s=PRESENCE_TTL_S,
+        renew_s=PRESENCE_RENEW_S,
+        stall_s=PRESENCE_STALL_S,
+        clock=time.monotonic,
+        log=None,
+    ):
+        self.leased = LeasedKey(store.client, store.key("presence", node), ttl_s)
+        self.node = node
+        self.renew_s = renew_s
+        self.stall_s = stall_s
+        self.clock = clock
+        self.log = log or (lambda message: None)
+        self.started_at_unix = round(time.time(), 3)
+        self.last_beat = None
+        self.error = None
+        self._stopped = threading.Event()
+        self._thread = None
+
+    def beat(self):
+        """The watch loop is turning (called on each of its turns)."""
+        self.last_beat = self.clock()
+
+    def beating(self):
+        return self.last_beat is not None and self.clock() - self.last_beat < self.stall_s
+
+    def keep(self):
+        """One turn of the renewal: renew the lease, or write the key on a new one. Returns
+        whether the presence is in the store now (False also while the loop is stuck)."""
+        if not self.beating():
+            stuck = "the watch loop has not turned for %.0f s: presence left to expire"
+            self._said(stuck % self.stall_s)
+            return False
         try:
-            renewed = self.store.client.keep_alive(self.lease) > 0
-        except StoreUnavailable:
-            raise
-        except FleetError:
-            renewed = False  # "requested lease not found": the store forgot it
-        if not renewed:
-            self.lease = 0
-        return renewed
+            if not self.leased.renew():
+                self.leased.put(
+                    {
+                        "node": self.node,
+                        "pid": os.getpid(),
+                        "started_at_unix": self.started_at_unix,
+                        "at_unix": round(time.time(), 3),
+                    }
+                )
+        except FleetError as exc:
+            self._said("presence not kept in the store: %s" % exc.message)
+            return False
+        self._said(None)
+        return True
+
+    def _said(self, error):
+        """Log a failure once, when it changes, not at every renewal."""
+        if error != self.error and error is not None:
+            self.log(error)
+        self.error = error
+
+    def start(self):
+        """Keep the presence from now on, in a daemon thread, until stop()."""
+        self._stopped.clear()
+        self._thread = threading.Thread(target=self._run, name="presence", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            self.keep()
+            if self._stopped.wait(self.renew_s):
+                return
+
+    def stop(self):
+        """End the renewals and take the presence out of the store (revoke its lease)."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.renew_s + 10)
+            self._thread = None
+        self.leased.revoke()
 
 
 class Watcher:
@@ -325,6 +442,7 @@ class Watcher:
             "live_error": None,
         }
         self.live = LiveReading(store, self.node)
+        self.presence = Presence(store, self.node, log=self.log)
 
     def last_ack_epoch(self):
         """The epoch this node last acknowledged, as the store holds it (0: none)."""
@@ -441,15 +559,20 @@ class Watcher:
 
     def run(self, stop=lambda: False, idle_recheck_s=IDLE_RECHECK_S, sleep=time.sleep):
         """Watch until stop() is true: catch up, watch, and after any break start over.
-        The node's live reading goes with the watcher (LiveReading.withdraw)."""
+        The node's presence and live reading go with the watcher (Presence.stop,
+        LiveReading.withdraw)."""
+        self.presence.beat()
+        self.presence.start()
         try:
             self._run(stop, idle_recheck_s, sleep)
         finally:
+            self.presence.stop()
             self.live.withdraw()
 
     def _run(self, stop, idle_recheck_s, sleep):
         retry = RETRY_FIRST_S
         while not stop():
+            self.presence.beat()
             try:
                 revision = self.catch_up()
                 self.publish_live()
@@ -457,6 +580,7 @@ class Watcher:
                 for events in self.store.client.watch(
                     self.store.key("fence"), revision + 1, timeout=idle_recheck_s
                 ):
+                    self.presence.beat()
                     for kv in events:
                         if kv.value:  # a deleted fence key (value empty) asks nothing
                             self.handle(kv.json())

@@ -73,19 +73,24 @@ def fence_call(params, check_mode=False, diff=False):
         before = store.fence()
         if params["action"] == "read":
             return {"changed": False, "fence": before, "store_updated": False}
+        counting = bool(params["nodes"]) and params["wait_s"] > 0 and not check_mode
+        present = None
         if check_mode:
             after = dict(before, epoch=max(before["epoch"], params["at_least"]) + 1)
         else:
             after = store.raise_fence(
-                params["rollback_mode"], params["reason"], actor, params["at_least"]
-            )
+                params["rollback_mode"], params["reason"], actor, params["at_least"],
+                presence=counting,
+            )  # fmt: skip
+            present = after.pop("present", None)
     except MODULE_FAILURES as exc:
         if params["action"] == "read" or params["require_store"]:
             raise
         return dict(store_failure(exc), changed=False, fence=None, store_updated=False)
     result = {"changed": True, "fence": after, "store_updated": not check_mode}
-    if params["nodes"] and params["wait_s"] > 0 and not check_mode:
-        result.update(count_acks_or_none(store, params, after["epoch"]))
+    if counting:
+        result["absent"] = None if present is None else sorted(set(params["nodes"]) - set(present))
+        result.update(count_acks_or_none(store, params, after["epoch"], enough_of(params, present)))
     if diff:
         result["diff"] = {"before": before, "after": after}
     return result
@@ -127,14 +132,30 @@ def wait_acks(params):
         store = store_from_params(params)
     except MODULE_FAILURES as exc:
         return dict(_none_counted(params, exc), changed=False)
-    return dict(count_acks_or_none(store, params, params["epoch"]), changed=False)
+    try:
+        # Raised elsewhere (an abort): presence is read now, not in the raise's transaction.
+        present = store.present_nodes()
+    except MODULE_FAILURES:
+        present = None
+    counted = count_acks_or_none(store, params, params["epoch"], enough_of(params, present))
+    absent = None if present is None else sorted(set(params["nodes"]) - set(present))
+    return dict(counted, changed=False, absent=absent)
 
 
-def count_acks_or_none(store, params, epoch):
+def enough_of(params, present):
+    """The nodes the count must wait for, of those asked: the ones whose watcher is present
+    (None: all of them, as before presence). With no presence key in the whole store (its
+    watchers are of a release before presence) or none read, the count is what it was."""
+    if not present:
+        return None
+    return set(params["nodes"]) & set(present)
+
+
+def count_acks_or_none(store, params, epoch, enough=None):
     """count_acks, or, when the store fails it in any way, no node counted (each gets the
     push) and the failure said."""
     try:
-        return count_acks(store, params, epoch)
+        return count_acks(store, params, epoch, enough)
     except MODULE_FAILURES as exc:
         return _none_counted(params, exc)
 
@@ -149,10 +170,10 @@ def _none_counted(params, exc):
     )
 
 
-def count_acks(store, params, epoch):
+def count_acks(store, params, epoch, enough=None):
     acked, lagging, waited = store.wait_for_acks(
         epoch, params["nodes"], params["wait_s"],
-        deep=params["rollback_mode"] == "deep", quiet_s=params["quiet_s"],
+        deep=params["rollback_mode"] == "deep", quiet_s=params["quiet_s"], enough=enough,
     )  # fmt: skip
     # When the count ended, on the controller's clock: with no node lagging, the moment the
     # last acknowledgement was seen, which is when a rollback without a push is confirmed.

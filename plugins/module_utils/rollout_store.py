@@ -9,6 +9,8 @@ Keys under the store's prefix (default /zerolayer/):
   acks/<node>/direct  after that, how long the node's direct connections took to leave
   acks/<node>/live    the node's weights as its watcher last read them, on a lease the
                       watcher renews (gone when the watcher stops)
+  presence/<node>  {node, pid, started_at_unix, at_unix}: the node's watcher is running and
+                   its loop goes on, on a short lease of its own (fence_watcher.Presence)
 
 Rollback and abort call raise_fence() before they touch a node; every weight write to a
 node carries the epoch its writer took (fence.py enforces it there). See
@@ -194,6 +196,11 @@ def _dead_here(holder, alive):
     )
 
 
+def _nodes_under(prefix, kvs):
+    """The sorted node names of presence keys (prefix + node; nothing deeper is one)."""
+    return sorted({kv.key[len(prefix) :] for kv in kvs if "/" not in kv.key[len(prefix) :]})
+
+
 class RolloutStore:
     def __init__(self, client, prefix=DEFAULT_PREFIX):
         if not prefix.startswith("/") or not prefix.endswith("/"):
@@ -222,11 +229,17 @@ class RolloutStore:
         fence["mod_revision"] = kv.mod_revision
         return fence
 
-    def raise_fence(self, action, reason, actor, at_least=0):
+    def raise_fence(self, action, reason, actor, at_least=0, presence=False):
         """One compare-and-swap: epoch = max(current, at_least) + 1. Returns the new fence.
 
         at_least lets a rollback that had to fence the nodes without the store (their own
         epoch + 1) bring the store above what the nodes saw once it is back.
+
+        presence: the fence also gets key "present", the sorted nodes whose watcher kept its
+        presence key at the revision of the raise (read in the same transaction, so no
+        watcher can come or go between the two), or None when the store would not let this
+        user read them (the fence is raised all the same). Those are the watchers the
+        rollback may wait for; the others get the push at once.
         """
         if action not in FENCE_ACTIONS:
             raise FleetError(
@@ -248,14 +261,48 @@ class RolloutStore:
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "at_unix": round(time.time(), 3),
             }
-            done, _now = self.client.put_if(self.key("fence"), raised, current["mod_revision"])
+            if presence:
+                done, present = self._put_fence_reading_presence(raised, current["mod_revision"])
+            else:
+                done, _now = self.client.put_if(self.key("fence"), raised, current["mod_revision"])
             if done:
-                return raised
+                return dict(raised, present=present) if presence else raised
         raise FleetError(
             "the fence changed under %d attempts to raise it; another rollback is raising it "
             "too. Read it again with zerolayer.fleet.rollout_fence action=read" % CAS_ATTEMPTS,
             {"field": "fence"},
         )
+
+    def _put_fence_reading_presence(self, raised, mod_revision):
+        """(done, sorted present nodes or None): the fence's compare-and-swap with the read
+        of presence/ in it. A store that refuses the read (a user without read on presence/)
+        refuses the whole transaction: the fence is then raised alone, as before presence."""
+        prefix = self.key("presence") + "/"
+        try:
+            done, _revision, kvs = self.client.put_if_reading(
+                self.key("fence"), raised, mod_revision, prefix
+            )
+        except StoreUnavailable:
+            raise
+        except FleetError as exc:
+            if "permission denied" not in exc.message:
+                raise
+            done, _now = self.client.put_if(self.key("fence"), raised, mod_revision)
+            return done, None
+        return done, _nodes_under(prefix, kvs)
+
+    def present_nodes(self):
+        """The sorted nodes whose watcher keeps its presence key now, or None when this user
+        may not read presence/ (a count after a fence raised elsewhere, such as an abort)."""
+        prefix = self.key("presence") + "/"
+        try:
+            return _nodes_under(prefix, self.client.get_prefix(prefix))
+        except StoreUnavailable:
+            raise
+        except FleetError as exc:
+            if "permission denied" not in exc.message:
+                raise
+            return None
 
     # ------------------------------------------------------------ acknowledgements
 
@@ -340,8 +387,14 @@ class RolloutStore:
         sleep=None,
         deep=False,
         quiet_s=None,
+        enough=None,
     ):
         """Count acknowledgements of epoch as they arrive, for at most wait_s seconds.
+
+        enough (a set of the nodes, None: all of them): the count also ends once every node
+        of it acknowledged. The rollback passes the nodes whose watcher is present: the
+        others have no watcher to answer, and each moment waited for them only delays
+        their push. An empty set ends the count after its first read.
 
         The count also ends once acknowledgements have come in and then a read, asked
         quiet_s or more after the last new one, finds none new (None: never): the watchers
@@ -373,7 +426,9 @@ class RolloutStore:
                 acked[node] = dict(found[node], seen_after_s=round(now - started, 3))
             if new:
                 last_new = now
-            if len(acked) == len(set(nodes)) or now - started >= wait_s:
+            if len(acked) == len(wanted) or now - started >= wait_s:
+                break
+            if enough is not None and all(node in acked for node in enough):
                 break
             if quiet_s is not None and last_new is not None and not new:
                 if asked - last_new >= quiet_s:

@@ -23,10 +23,10 @@ JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the ot
 are still exported. A store that cannot be read gives zerolayer_rollout_store_up 0 and
 nothing else: an outage must not look like "no rollout, no owner".
 
-The exporter's store user reads only what it exports (the fence, the owners, the records)
-and writes only the events; it cannot read the notification sinks (config/notifications:
-their urls and headers are secrets), so it sends nothing to them. Whoever must know of a
-stuck wave now is paged by ZerolayerRolloutStuck (this exporter's
+The exporter's store user reads only what it exports (the fence, the owners, the records,
+the watchers' presence) and writes only the events; it cannot read the notification sinks
+(config/notifications: their urls and headers are secrets), so it sends nothing to them.
+Whoever must know of a stuck wave now is paged by ZerolayerRolloutStuck (this exporter's
 zerolayer_rollout_store_wave_stuck, through Alertmanager); the sinks get the `stuck` event
 from the fleet's next sender (notify.hand_off), in the store's order.
 """
@@ -46,6 +46,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     format_timestamp,
     parse_timestamp,
@@ -88,6 +89,10 @@ _HELP = {
     "without progress and without an owner before it is stuck (canary_progress_deadline)",
     "zerolayer_rollout_store_wave_stuck": "1 while the wave is running with no live owner and "
     "no recorded progress for longer than its progress deadline",
+    "zerolayer_rollout_store_watchers_present": "Nodes whose fence watcher keeps its presence "
+    "key in the store (running, its watch loop turning)",
+    "zerolayer_rollout_store_watcher_present": "1 while the node's fence watcher keeps its "
+    "presence key in the store; 0 for a node this exporter knows whose watcher does not",
 }
 
 
@@ -117,6 +122,28 @@ def read_store(store):
     return {"fence": None if fence is None else fence.value, "owners": owners, "records": records}
 
 
+def read_presence(store):
+    """The sorted nodes whose fence watcher keeps presence/<node> now, or None when this
+    user may not read them (a role of a release before presence): their series are then
+    left out, never the whole scrape."""
+    prefix = store.key("presence", "")
+    try:
+        kvs = store.client.get_prefix(prefix)
+    except StoreUnavailable:
+        raise
+    except FleetError as exc:
+        if "permission denied" not in exc.message:
+            raise
+        return None
+    return sorted({kv.key[len(prefix) :] for kv in kvs if "/" not in kv.key[len(prefix) :]})
+
+
+def watcher_state(present, known):
+    """{node: 1 present, 0 not} of the nodes present and those known (sorted)."""
+    present = set(present)
+    return {node: 1 if node in present else 0 for node in sorted(present | set(known))}
+
+
 # The alarms etcd has (etcdserverpb.AlarmType): each is exported, 0 while not raised, so a
 # rule can tell "no alarm" from "not read".
 ALARMS = ("NOSPACE", "CORRUPT")
@@ -137,12 +164,22 @@ def read_alarms(store):
     return counts
 
 
-def collect(store, now=None):
-    """store_state() of one look at the store with its alarms, or {"up": False, "error"}
-    when it failed."""
+def collect(store, now=None, known=None):
+    """store_state() of one look at the store with its alarms and its watchers, or
+    {"up": False, "error"} when it failed.
+
+    known: a set of the nodes this exporter has seen present, kept across scrapes (the
+    nodes seen present are added to it): with the nodes of the unfinished waves, the
+    nodes whose watcher_present is exported 0 when their presence is gone. A presence
+    key lives on its watcher's lease, so a node whose watcher died is otherwise unknown."""
     try:
         state = store_state(read_store(store), now)
         state["alarms"] = read_alarms(store)
+        present = read_presence(store)
+        if present is not None:
+            if known is not None:
+                known.update(present)
+            state["watchers"] = watcher_state(present, set(state["wave_nodes"]) | set(known or ()))
     except FleetError as exc:  # StoreUnavailable, or the store refused (permission denied)
         state = {"up": False, "error": exc.message}
     state["node_artifact"] = exposition.node_artifact_version()
@@ -243,22 +280,32 @@ def wave_state(record_key, record, owners, now, fence_epoch=None):
 
 
 def store_state(raw, now=None):
-    """What read_store()'s keys say at now: {up, fence_epoch, unreadable, waves: [wave_state]}."""
+    """What read_store()'s keys say at now: {up, fence_epoch, unreadable, waves: [wave_state],
+    wave_nodes: the sorted nodes of the unfinished waves}."""
     now = now or utc_now()
     owners, unreadable = _owners_by_rollout(raw["owners"])
     fence_epoch = _fence_epoch(raw["fence"])
     if fence_epoch is None:
         unreadable += 1
     waves = []
+    wave_nodes = set()
     for record_key, value in sorted(raw["records"]):
         try:
             record = rollout.decode_record(
                 value.decode() if isinstance(value, bytes) else value, record_key
             )
             waves.append(wave_state(record_key, record, owners, now, fence_epoch))
+            if "running" in waves[-1]:  # unfinished: its nodes are expected to watch
+                wave_nodes.update(node for node in record.get("nodes") or {})
         except (FleetError, KeyError, IndexError, TypeError, ValueError, AttributeError):
             unreadable += 1
-    return {"up": True, "fence_epoch": fence_epoch, "unreadable": unreadable, "waves": waves}
+    return {
+        "up": True,
+        "fence_epoch": fence_epoch,
+        "unreadable": unreadable,
+        "waves": waves,
+        "wave_nodes": sorted(wave_nodes),
+    }
 
 
 # Rendering (pure)
@@ -292,6 +339,15 @@ def render(state):
             "zerolayer_rollout_store_alarm_active",
             [([("alarm", name)], count) for name, count in sorted(state["alarms"].items())],
         )
+    watchers = state.get("watchers")
+    if watchers is not None:
+        _family(lines, "zerolayer_rollout_store_watchers_present", [([], sum(watchers.values()))])
+        if watchers:
+            _family(
+                lines,
+                "zerolayer_rollout_store_watcher_present",
+                [([("node", node)], value) for node, value in watchers.items()],
+            )
     waves = state["waves"]
 
     def per_wave(name, value_of, only=lambda wave: True, extra=()):
@@ -557,8 +613,13 @@ class StoreReader(exposition.LoggedReader):
     """collect() of one store per scrape; a failure is logged when its reason changes."""
 
     def __init__(self, store, log=None):
+        # The nodes seen present since this exporter started (collect's known).
+        self.known_nodes = set()
         super().__init__(
-            lambda: collect(store), "rollout store not read", "rollout store read again", log
+            lambda: collect(store, known=self.known_nodes),
+            "rollout store not read",
+            "rollout store read again",
+            log,
         )
         self.store = store
 

@@ -17,6 +17,13 @@ description:
     seconds, and returns which nodes confirmed it and which lag (a rollback pushes to those).
     V(raise) with O(nodes) and O(wait_s) above 0 does both in one call, which saves a rollback the
     start of a second module.
+  - V(raise) with O(nodes) reads, in the transaction that raises the fence, which nodes' fence
+    watchers are present (each running watcher keeps a key on a lease of a few seconds while its
+    loop turns). The count then ends once every present node confirmed; the others, in
+    RV(absent), have no watcher to answer and are lagging at once, for the push. Present nodes
+    that stay silent are waited for as before (O(quiet_s), O(wait_s)). A store with no presence
+    key at all (watchers of a release before this one) is counted as before. V(wait_acks), the
+    count after a fence raised elsewhere (C(zerolayer rollout abort)), reads presence as it starts.
   - V(wait_direct) collects, for at most O(wait_s) seconds, the reports the nodes' fence watchers
     write once their direct-path connections (pooled keep-alive clients the router handed to an
     engine) are gone after the rollback of O(epoch), or their own wait is over. Each says how
@@ -148,6 +155,17 @@ lagging:
   returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated
   type: list
   elements: str
+absent:
+  description:
+    - With V(raise) and O(nodes), the nodes asked about whose fence watcher had no presence in the
+      store when the fence was raised (stopped, killed, stuck, or never there). The count does
+      not wait for them; they are in RV(lagging) unless a confirmation of theirs was already in.
+    - With V(wait_acks), the nodes without presence when the count started.
+    - Null when the store would not let this user read the presence.
+  returned: with O(action=raise) and O(nodes) once the store was updated; with O(action=wait_acks)
+  type: list
+  elements: str
+  sample: [gpu-node-7]
 waited_s:
   description: With V(wait_acks), how long it waited.
   returned: with O(action=wait_acks), or V(raise) with O(nodes) once the store was updated

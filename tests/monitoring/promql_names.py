@@ -227,4 +227,6 @@ def store_exporter_text():
     )
     # collect() reads the store's alarms beside its keys: one member raised NOSPACE.
     state["alarms"] = {"NOSPACE": 1, "CORRUPT": 0}
+    # and the watchers' presence: n1's watcher present, n2's gone.
+    state["watchers"] = store_exporter.watcher_state(["n1"], ["n2"])
     return store_exporter.render(state)

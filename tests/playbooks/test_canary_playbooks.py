@@ -265,7 +265,9 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     gone.write_text("[gpu_nodes]\nzl-node-gone ansible_connection=containers.podman.podman\n")
 
     # One node's fence watcher is stopped: the others confirm by their acknowledgement in
-    # the store, that one gets the push.
+    # the store, that one gets the push. Its watcher left no presence key behind, so the
+    # count does not wait for it: given 30 s and a quiet period of 30 s, a count that waited
+    # for the silent node would last 30 s.
     stopped = fleet.nodes[-1]
     fleet.exec(stopped, "systemctl", "stop", "zerolayer-fence-watcher.service")
     try:
@@ -277,6 +279,10 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
             "canary_record_dir=%s" % records,
             "-e",
             "rollback_fast_budget_s=3600",
+            "-e",
+            "rollback_ack_wait_s=30",
+            "-e",
+            "rollback_ack_quiet_s=30",
         )
         after = time.time()
     finally:
@@ -289,6 +295,8 @@ def test_fast_rollback_confirms_weight_zero_and_reports_its_time(
     assert report["nodes_confirmed"] == report["nodes_total"] == len(fleet.nodes)
     assert sorted(report["confirmed_by_watcher"]) == sorted(set(fleet.nodes) - {stopped}), report
     assert report["pushed"] == [stopped], report
+    assert report["watchers_absent"] == [stopped], report
+    assert float(report["count_waited_s"]) < 10, report
     by_node = {entry["node"]: entry for entry in report["nodes"]}
     assert all(by_node[node]["seen_after_s"] is not None for node in report["confirmed_by_watcher"])
     # The report's clock readings lie inside the run as this test saw it from outside: its
@@ -389,6 +397,7 @@ def test_deep_rollback_detaches_and_the_proxy_serves(fleet, records, baseline):
     assert report["nodes_confirmed"] == len(fleet.nodes)
     assert sorted(report["confirmed_by_watcher"]) == sorted(set(fleet.nodes) - {stopped}), report
     assert report["pushed"] == [stopped], report
+    assert report["watchers_absent"] == [stopped], report
     route = fleet.route["name"]
     for entry in report["nodes"]:
         assert entry["router_removed"] and entry["paths"] == {route: "proxy"}, entry

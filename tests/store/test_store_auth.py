@@ -18,6 +18,7 @@ import pytest
 import yaml
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     events_retention,
+    fence_watcher,
     notify,
     rollout_events,
     store_exporter,
@@ -35,7 +36,9 @@ ROLE_VARS = os.path.join(
 )
 PREFIX = "/zlt-auth/"
 TOKEN_TTL_S = 2
-PASSWORDS = {name: secrets.token_hex(12) for name in ("root", "controller", "exporter")}
+PASSWORDS = {name: secrets.token_hex(12) for name in ("root", "controller", "exporter", "node")}
+# zl-node-1 and zl-node-10: a permission on a bare prefix of the first would cover the second.
+NODES = ["zl-node-1", "zl-node-10"]
 PERM_TYPES = {"read": "READ", "write": "WRITE", "readwrite": "READWRITE"}
 
 
@@ -65,6 +68,19 @@ def exporter_permissions(aborts=False, watch_interval=10, retention_days=30):
     ).render(settings)
     rendered = env.from_string(role_vars["_rollout_store_exporter_role"]["permissions"])
     return ast.literal_eval(rendered.render(settings).strip())
+
+
+def node_permissions(nodes):
+    """{node: its role's permissions} of the role's _rollout_store_node_roles, rendered as
+    Ansible would for these nodes."""
+    with open(ROLE_VARS) as handle:
+        role_vars = yaml.safe_load(handle)
+    env = jinja2.Environment(autoescape=False)  # noqa: S701 (a YAML value, not HTML)
+    rendered = env.from_string(role_vars["_rollout_store_node_roles"]).render(
+        {"rollout_store_prefix": PREFIX, "_rollout_store_node_hosts": nodes}
+    )
+    roles = ast.literal_eval(rendered.strip())
+    return {role["name"][len("zerolayer-node-") :]: role["permissions"] for role in roles}
 
 
 def token_keys(directory):
@@ -115,12 +131,14 @@ def jwt_member(tmp_path_factory):
             root, "exporter-aborts", PASSWORDS["exporter"], "exporter-aborts",
             exporter_permissions(aborts=True),
         )  # fmt: skip
+        for node, permissions in node_permissions(NODES).items():
+            add_user(root, node, PASSWORDS["node"], "zerolayer-node-" + node, permissions)
         member.root = root
         yield member
 
 
 def store_as(member, user):
-    password = PASSWORDS.get(user, PASSWORDS["exporter"])
+    password = PASSWORDS.get(user, PASSWORDS["node" if user in NODES else "exporter"])
     return RolloutStore(EtcdClient(member.url, timeout=3, user=user, password=password), PREFIX)
 
 
@@ -135,6 +153,7 @@ def test_the_role_grants_the_exporter_what_it_exports_and_nothing_more():
         {"type": "read", "key": PREFIX + "fence", "prefix": False},
         {"type": "read", "key": PREFIX + "owners/", "prefix": True},
         {"type": "read", "key": PREFIX + "rollouts/", "prefix": True},
+        {"type": "read", "key": PREFIX + "presence/", "prefix": True},
         {"type": "readwrite", "key": PREFIX + "events/", "prefix": True},
     ]
     aborts = exporter_permissions(aborts=True)
@@ -142,10 +161,16 @@ def test_the_role_grants_the_exporter_what_it_exports_and_nothing_more():
         (PREFIX + "fence", "readwrite"),
         (PREFIX + "owners/", "read"),
         (PREFIX + "rollouts/", "readwrite"),
+        (PREFIX + "presence/", "read"),
         (PREFIX + "events/", "readwrite"),
     }
     quiet = exporter_permissions(watch_interval=0, retention_days=0, aborts=True)
-    assert [p["key"] for p in quiet] == [PREFIX + "fence", PREFIX + "owners/", PREFIX + "rollouts/"]
+    assert [p["key"] for p in quiet] == [
+        PREFIX + "fence",
+        PREFIX + "owners/",
+        PREFIX + "rollouts/",
+        PREFIX + "presence/",
+    ]
     assert all(p["type"] == "read" for p in quiet), "no watch: no abort either"
 
 
@@ -257,3 +282,31 @@ def test_the_exporter_that_may_abort_aborts_with_its_own_user(jwt_member):
     assert {"record_key": "chat-u/wave_canary", "action": "abort"} in announced
     assert other.read()[0]["outcome"] == "aborted"
     assert controller.fence()["epoch"] == 1
+
+
+def test_a_node_keeps_its_own_watchers_presence_and_no_other_nodes(jwt_member):
+    node = store_as(jwt_member, "zl-node-1")
+    presence = fence_watcher.Presence(node, "zl-node-1")
+    presence.beat()
+    assert presence.keep() and presence.error is None
+    controller = store_as(jwt_member, "controller")
+    kv = controller.client.get(PREFIX + "presence/zl-node-1")
+    assert kv is not None and kv.json()["node"] == "zl-node-1" and kv.lease
+    assert presence.keep(), "renewing its lease"
+    # Its credentials write no other node's presence, zl-node-10's neither (a bare prefix
+    # zl-node-1 would have covered it), and no key below its own.
+    for other in ("zl-node-10", "zl-node-2"):
+        with pytest.raises(FleetError, match="permission denied"):
+            node.client.put(PREFIX + "presence/" + other, "{}")
+    with pytest.raises(FleetError, match="permission denied"):
+        node.client.put(PREFIX + "presence/zl-node-1/x", "{}")
+    impostor = fence_watcher.Presence(node, "zl-node-10")
+    impostor.beat()
+    assert not impostor.keep() and "permission denied" in impostor.error
+    # A clean stop revokes the lease with the node's own credentials: the key goes at once.
+    presence.stop()
+    assert controller.client.get(PREFIX + "presence/zl-node-1") is None
+    # The exporter's user reads the presence of every node.
+    presence.keep()
+    assert store_exporter.read_presence(store_as(jwt_member, "exporter")) == ["zl-node-1"]
+    presence.stop()

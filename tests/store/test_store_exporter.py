@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    fence_watcher,
     notify,
     rollout,
     rollout_events,
@@ -341,3 +342,22 @@ def test_a_stuck_wave_whose_record_asks_for_it_is_aborted_where_the_exporter_may
     assert "progress deadline" in fence["reason"]
     assert other.read()[0]["outcome"] == "aborted"
     assert store_exporter.watch_deadlines(store, may_abort=True) == [], "aborted: not stuck"
+
+
+def test_watchers_present_and_one_gone_since_the_exporter_saw_it(store):
+    n1, n2 = fence_watcher.Presence(store, "n1"), fence_watcher.Presence(store, "n2")
+    for presence in (n1, n2):
+        presence.beat()
+        assert presence.keep()
+    known = set()
+    try:
+        got = series(store_exporter.render(store_exporter.collect(store, known=known)))
+        assert got["zerolayer_rollout_store_watchers_present{}"] == 2
+        assert got['zerolayer_rollout_store_watcher_present{node="n1"}'] == 1
+        n2.stop()  # revoked: gone from the store at once, still known to the exporter
+        got = series(store_exporter.render(store_exporter.collect(store, known=known)))
+        assert got["zerolayer_rollout_store_watchers_present{}"] == 1
+        assert got['zerolayer_rollout_store_watcher_present{node="n2"}'] == 0
+    finally:
+        n1.stop()
+        n2.stop()

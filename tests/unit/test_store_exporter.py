@@ -253,6 +253,7 @@ def test_every_family_has_help_and_type():
         )
     )
     state["alarms"] = {"NOSPACE": 0, "CORRUPT": 0}  # collect() reads them beside the keys
+    state["watchers"] = {"n1": 1}  # and the watchers' presence
     text = se.render(state)
     families = set(re.findall(r"^# TYPE (\S+) gauge$", text, re.MULTILINE))
     assert families == set(se._HELP), "every series is rendered for this state"
@@ -359,7 +360,7 @@ def test_http_server_answers_metrics_and_404(monkeypatch):
         daemon=True,
     )
     # serve() builds its reader from the store; a stand-in that returns the state is enough.
-    monkeypatch.setattr(se, "collect", lambda _store: state)
+    monkeypatch.setattr(se, "collect", lambda _store, **_options: state)
     try:
         thread.start()
         assert ready.wait(10)
@@ -546,3 +547,80 @@ def test_events_prune_thread_waits_first_then_stops(monkeypatch):
         thread.stop()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def presence_store(present, records=(), refuse_presence=None):
+    """A stand-in store whose presence/ holds the nodes present (and one key below a node,
+    which names no node), or refuses its read with refuse_presence (an error message)."""
+
+    def get_prefix(prefix):
+        if prefix == store_key("presence", ""):
+            if refuse_presence:
+                raise FleetError(refuse_presence)
+            keys = [store_key("presence", node) for node in present]
+            keys.append(store_key("presence", "n9", "extra"))
+            return [types.SimpleNamespace(key=key, value=b"{}", lease=7) for key in keys]
+        if prefix == store_key("rollouts", ""):
+            return [
+                types.SimpleNamespace(key=store_key("rollouts", key), value=value, lease=0)
+                for key, value in records
+            ]
+        return []
+
+    client = types.SimpleNamespace(
+        get=lambda _key: None, get_prefix=get_prefix, call=lambda _path, _body: {"alarms": []}
+    )
+    return types.SimpleNamespace(client=client, key=store_key)
+
+
+def wave_with_nodes(*nodes):
+    planned = record("chat-a:wave_canary")
+    planned["nodes"] = {node: {} for node in nodes}
+    return encoded(planned)
+
+
+def test_watchers_present_are_counted_and_each_known_node_reads_1_or_0():
+    known = set()
+    store = presence_store(["n1", "n2"], [("chat-a/wave_canary", wave_with_nodes("n1", "n3"))])
+    state = se.collect(store, T0, known)
+    # n3 is a node of a running wave with no presence: 0; n9/extra names no node.
+    assert state["watchers"] == {"n1": 1, "n2": 1, "n3": 0}
+    assert known == {"n1", "n2"}
+    got = samples(se.render(state))
+    assert got[("zerolayer_rollout_store_watchers_present", frozenset())] == 2
+    assert got[("zerolayer_rollout_store_watcher_present", frozenset({("node", "n3")}))] == 0
+    assert got[("zerolayer_rollout_store_watcher_present", frozenset({("node", "n1")}))] == 1
+
+    # n2's watcher stops: the exporter knew it, so it reads 0 rather than going unexported.
+    state = se.collect(presence_store(["n1"]), T0, known)
+    assert state["watchers"] == {"n1": 1, "n2": 0}
+    got = samples(se.render(state))
+    assert got[("zerolayer_rollout_store_watchers_present", frozenset())] == 1
+    assert got[("zerolayer_rollout_store_watcher_present", frozenset({("node", "n2")}))] == 0
+
+
+def test_a_finished_waves_nodes_are_not_expected_to_watch():
+    finished = record("chat-a:wave_canary", (1, "abort", {}))
+    finished["nodes"] = {"old-node": {}}
+    state = se.collect(presence_store([], [("chat-a/wave_canary", encoded(finished))]), T0)
+    assert state["watchers"] == {}
+    text = se.render(state)
+    assert "zerolayer_rollout_store_watchers_present 0" in text
+    assert "zerolayer_rollout_store_watcher_present{" not in text
+
+
+def test_a_user_that_may_not_read_presence_leaves_only_its_series_out():
+    store = presence_store(["n1"], refuse_presence="the rollout store refused: permission denied")
+    state = se.collect(store, T0)
+    assert state["up"] is True and "watchers" not in state
+    assert "zerolayer_rollout_store_watcher" not in se.render(state)
+    # Any other failure of that read is a failed scrape, as for the other keys.
+    state = se.collect(presence_store(["n1"], refuse_presence="etcdserver: no leader"), T0)
+    assert state["up"] is False
+
+
+def test_the_reader_remembers_the_nodes_it_saw_present():
+    reader = se.StoreReader(presence_store(["n1"]), log=lambda _line: None)
+    assert reader()["watchers"] == {"n1": 1}
+    reader.store.client.get_prefix = presence_store([]).client.get_prefix
+    assert reader()["watchers"] == {"n1": 0}
