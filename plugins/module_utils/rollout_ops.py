@@ -15,6 +15,7 @@ of a fenced one), "unreachable" (the store). The command line turns them into ex
 
 from __future__ import annotations
 
+import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
@@ -77,7 +78,9 @@ def _wave_status(record, fence, now, owned=False):
     # A completed rollout's nodes went back to the proxy when a rollback raised the fence
     # above its epoch (every node's watcher zeroes every route): not "completed 100 %".
     summary["rolled_back_by"] = (
-        _fence_summary(fence) if superseded and record["outcome"] == "completed" else None
+        _fence_summary(fence)
+        if superseded and record["outcome"] == "completed"
+        else _marked_rollback(record)
     )
     summary["created_at"] = record.get("created_at")
     summary["nodes"] = record.get("nodes", {})
@@ -92,6 +95,24 @@ def _wave_status(record, fence, now, owned=False):
     summary["last_gates"] = dict(gates)
     summary["progress"] = rollout.progress_state(record, owned, now, fence["epoch"])
     return summary
+
+
+def _marked_rollback(record):
+    """The fence of the rollback that marked this record (mark_rolled_back keeps its epoch in
+    the details), in _fence_summary's form; None for a record not marked so."""
+    rollback = record.get("rollback") or {}
+    details = rollback.get("details") or {}
+    try:
+        epoch = int(details.get("fence_epoch"))
+    except (TypeError, ValueError):
+        return None
+    return {
+        "epoch": epoch,
+        "action": details.get("mode"),
+        "actor": rollback.get("by"),
+        "at": rollback.get("at"),
+        "reason": rollback.get("reason"),
+    }
 
 
 def _fence_summary(fence):
@@ -377,6 +398,67 @@ def abort(store, rollout_id, reason, actor):
         events = records.write(after, token)
         marked[name] = {"changed": changed, "outcome": after["outcome"], "events": events}
     return {"fence": fence, "waves": marked}
+
+
+# A record another actor changes between the read and the write is read again this often.
+MARK_ATTEMPTS = 3
+
+
+def superseded_by(record, fence_epoch):
+    """Whether a rollback that raised the fence to fence_epoch took this wave's nodes back to
+    the proxy: the wave wrote its weights at an older epoch (every watcher zeroes every route
+    at a fast or deep fence, in the wave's scope or not)."""
+    taken = record.get("fence_epoch")
+    return taken is not None and taken < fence_epoch
+
+
+def mark_rolled_back(store, fence_epoch, reason, details, actor, mirror_dir=None, check=False):
+    """Mark rolled back, in the store, every record that a rollback's fence at fence_epoch
+    superseded, whichever controller started its rollout and whether it runs, completed or
+    paused (an aborted wave keeps its outcome and gains the rollback). The store is the list
+    of records: no controller's files are read. mirror_dir: the controller's copies
+    (<dir>/<rollout_id>/<wave>.json), rewritten where one exists, for its reports.
+
+    Returns {"marked": [keys], "unchanged": [keys], "not_marked": {key: why}}: one record that
+    cannot be written does not stop the others.
+    """
+    if isinstance(fence_epoch, bool) or not isinstance(fence_epoch, int) or fence_epoch < 1:
+        raise _bad(
+            "fence_epoch must be a whole number >= 1; got %r" % (fence_epoch,), "fence_epoch"
+        )
+    result = {"marked": [], "unchanged": [], "not_marked": {}}
+    now = utc_now()
+    for key, record in sorted(list_records(store).items()):
+        if not superseded_by(record, fence_epoch):
+            continue
+        mirror = os.path.join(mirror_dir, key + ".json") if mirror_dir else None
+        records = StoreRecords(store, key, mirror if mirror and os.path.exists(mirror) else None)
+        try:
+            changed = _mark_one(records, reason, details, actor, now, check)
+        except FleetError as exc:
+            result["not_marked"][key] = exc.message
+            continue
+        result["marked" if changed else "unchanged"].append(key)
+    return result
+
+
+def _mark_one(records, reason, details, actor, now, check):
+    for attempt in range(MARK_ATTEMPTS):
+        record, token = records.read()
+        if record is None:  # removed since the list was read
+            return False
+        after, changed = rollout.apply(
+            record, "rolled_back", {"reason": reason, "details": details}, now, actor
+        )
+        if not changed or check:
+            return changed
+        try:
+            records.write(after, token)
+            return True
+        except FleetError:
+            if attempt == MARK_ATTEMPTS - 1:
+                raise
+    return False
 
 
 def history(store, rollout_id):

@@ -21,6 +21,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records im
     StoreRecords,
 )
 
+from .adhoc import run_module
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCHEDULE = [{"weight": 1, "hold": 60}, {"weight": 20, "hold": 60}, {"weight": 100}]
 T0 = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
@@ -493,3 +495,92 @@ def test_list_by_the_command_takes_since_and_limit_and_refuses_bad_ones(etcd_url
     assert status == rollout_cli.EXIT_BAD_INPUT and "30m, 6h, 7d" in err
     status, _out, err = cli(etcd_url, store, "rollout", "list", "--limit", "0")
     assert status == rollout_cli.EXIT_BAD_INPUT and "--limit" in err
+
+
+def test_a_rollback_marks_every_superseded_record_from_the_store_and_nothing_else(store, tmp_path):
+    """The store is the list: a completed rollout of another controller, a running one and an
+    aborted one are marked; a rollout that took the fence's own epoch and one already marked
+    are not; the controller's copy is rewritten where it exists and none is created."""
+    completed(store, "chat-old", T0, epoch=1)
+    planted(store, "chat-now", epoch=2)
+    planted(store, "chat-stopped", waves=("wave_all",), epoch=2)
+    rollout_ops.abort(store, "chat-stopped", "by hand", "oncall@laptop")
+    planted(store, "chat-next", waves=("wave_all",), epoch=4)
+    mirror = tmp_path / "chat-old" / "wave_all.json"
+    mirror.parent.mkdir()
+    rollout.write_record(str(mirror), record_of(store, "chat-old/wave_all"))
+    before = {key: record_of(store, key) for key in ("chat-next/wave_all",)}
+
+    would = rollout_ops.mark_rolled_back(
+        store, 4, "fast rollback: p99", {"mode": "fast"}, "oncall@ctl-2", str(tmp_path), check=True
+    )
+    assert record_of(store, "chat-old/wave_all")["outcome"] == "completed", "check writes nothing"
+    done = rollout_ops.mark_rolled_back(
+        store, 4, "fast rollback: p99", {"mode": "fast"}, "oncall@ctl-2", str(tmp_path)
+    )
+    assert done == would
+    assert done["marked"] == [
+        "chat-now/wave_canary", "chat-now/wave_rest", "chat-old/wave_all", "chat-stopped/wave_all",
+    ]  # fmt: skip
+    assert done["unchanged"] == [] and done["not_marked"] == {}
+    old = record_of(store, "chat-old/wave_all")
+    assert old["outcome"] == "rolled_back" and old["rollback"]["by"] == "oncall@ctl-2"
+    assert old["rollback"]["details"] == {"mode": "fast"}
+    assert record_of(store, "chat-now/wave_canary")["outcome"] == "rolled_back"
+    stopped = record_of(store, "chat-stopped/wave_all")
+    assert stopped["outcome"] == "aborted" and stopped["rollback"]["reason"] == "fast rollback: p99"
+    assert record_of(store, "chat-next/wave_all") == before["chat-next/wave_all"]
+    assert rollout.read_record(str(mirror))["outcome"] == "rolled_back", "the copy follows"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat-old"], "no copy created"
+    # Once more: nothing left to mark.
+    again = rollout_ops.mark_rolled_back(store, 4, "again", {}, "oncall@ctl-2", str(tmp_path))
+    assert again["marked"] == [] and len(again["unchanged"]) == 4
+    # Status names the rollback a marked record keeps (its epoch is in the details).
+    planted(store, "chat-later", waves=("wave_all",), epoch=4)
+    rollout_ops.mark_rolled_back(store, 5, "fast rollback: drill", {"mode": "fast",
+                                 "fence_epoch": "5"}, "ci@ctl")  # fmt: skip
+    row = rollout_ops.status(store, "chat-later")["rollouts"]["chat-later"]["wave_all"]
+    assert row["outcome"] == "rolled_back"
+    assert row["rolled_back_by"]["epoch"] == 5 and row["rolled_back_by"]["actor"] == "ci@ctl"
+    assert "rolled back at epoch 5 by ci@ctl" in rollout_cli.render_status(
+        rollout_ops.status(store, "chat-later")
+    )
+    with pytest.raises(FleetError, match="fence_epoch must be a whole number >= 1"):
+        rollout_ops.mark_rolled_back(store, 0, "x", {}, "oncall@ctl-2")
+
+
+def test_a_record_that_keeps_changing_is_named_and_the_others_are_still_marked(
+    etcd_url, store, monkeypatch
+):
+    completed(store, "chat-old", T0, epoch=1)
+    planted(store, "chat-now", waves=("wave_all",), epoch=1)
+    write = StoreRecords.write
+
+    def one_record_keeps_changing(self, record, token):
+        if self.record_key == "chat-now/wave_all":
+            raise FleetError("the record changed while this action was worked out", {})
+        return write(self, record, token)
+
+    monkeypatch.setattr(StoreRecords, "write", one_record_keeps_changing)
+    result = rollout_ops.mark_rolled_back(store, 2, "deep rollback: drill", {}, "ci@ctl")
+    assert result["marked"] == ["chat-old/wave_all"]
+    assert list(result["not_marked"]) == ["chat-now/wave_all"]
+    assert record_of(store, "chat-now/wave_all")["outcome"] == "running"
+
+
+def test_the_records_module_marks_in_check_mode_nothing_and_then_the_superseded(etcd_url, store):
+    completed(store, "chat-old", T0, epoch=1)
+    planted(store, "chat-next", waves=("wave_all",), epoch=2)
+    args = dict(fence_epoch=2, reason="fast rollback: p99", details={"mode": "fast"})
+    checked = run_module("rollout_records", etcd_url, store.prefix, check=True, **args)
+    assert checked["changed"] is True and checked["marked"] == ["chat-old/wave_all"], checked
+    assert record_of(store, "chat-old/wave_all")["outcome"] == "completed"
+    done = run_module("rollout_records", etcd_url, store.prefix, **args)
+    assert done["changed"] is True and done["marked"] == ["chat-old/wave_all"], done
+    assert record_of(store, "chat-old/wave_all")["outcome"] == "rolled_back"
+    assert record_of(store, "chat-next/wave_all")["outcome"] == "running"
+    again = run_module("rollout_records", etcd_url, store.prefix, **args)
+    assert again["changed"] is False and again["unchanged"] == ["chat-old/wave_all"], again
+    args["fence_epoch"] = 0
+    bad = run_module("rollout_records", etcd_url, store.prefix, **args)
+    assert bad["failed"] is True and "fence_epoch must be a whole number >= 1" in bad["msg"]
