@@ -397,7 +397,16 @@ def abort(store, rollout_id, reason, actor):
         after, changed = rollout.apply(record, "abort", {"reason": reason}, now, actor)
         events = records.write(after, token)
         marked[name] = {"changed": changed, "outcome": after["outcome"], "events": events}
-    return {"fence": fence, "waves": marked}
+    # The abort's fence takes every node back to the proxy (each watcher zeroes every route):
+    # the completed rollouts it superseded read rolled back from now on.
+    others = mark_rolled_back(
+        store,
+        fence["epoch"],
+        "abort of %s: %s" % (rollout_id, reason),
+        {"mode": "abort", "fence_epoch": fence["epoch"]},
+        actor,
+    )
+    return {"fence": fence, "waves": marked, "completed_rolled_back": others["marked"]}
 
 
 # A record another actor changes between the read and the write is read again this often.
@@ -412,24 +421,37 @@ def superseded_by(record, fence_epoch):
     return taken is not None and taken < fence_epoch
 
 
-def mark_rolled_back(store, fence_epoch, reason, details, actor, mirror_dir=None, check=False):
-    """Mark rolled back, in the store, every record that a rollback's fence at fence_epoch
-    superseded, whichever controller started its rollout and whether it runs, completed or
-    paused (an aborted wave keeps its outcome and gains the rollback). The store is the list
-    of records: no controller's files are read. mirror_dir: the controller's copies
-    (<dir>/<rollout_id>/<wave>.json), rewritten where one exists, for its reports.
+def mark_rolled_back(
+    store, fence_epoch, reason, details, actor, rollout_id=None, mirror_dir=None, check=False
+):
+    """Mark rolled back, in the store, the records that a rollback's fence at fence_epoch
+    superseded, whichever controller started their rollout (the store is the list of
+    records; no controller's files are read):
 
-    Returns {"marked": [keys], "unchanged": [keys], "not_marked": {key: why}}: one record that
-    cannot be written does not stop the others.
+    - every completed record: its nodes went back to the proxy (every watcher zeroes every
+      route), so it must not read "completed 100 %";
+    - every record of rollout_id (the rollout the rollback was run for), whatever its state
+      (an aborted wave keeps its outcome and gains the rollback).
+
+    A running or paused record of another rollout is left as it is: it reads "fenced", its
+    runner stops at its next gate, and it may be resumed on purpose under the new epoch
+    (canary_take_epoch), which a rolled-back record may not.
+
+    mirror_dir: the controller's copies (<dir>/<rollout_id>/<wave>.json), rewritten where one
+    exists, for its reports. Returns {"marked": [keys], "unchanged": [keys], "not_marked":
+    {key: why}}: one record that cannot be written does not stop the others.
     """
     if isinstance(fence_epoch, bool) or not isinstance(fence_epoch, int) or fence_epoch < 1:
         raise _bad(
             "fence_epoch must be a whole number >= 1; got %r" % (fence_epoch,), "fence_epoch"
         )
+    if rollout_id is not None:
+        rollout.validate_rollout_id(rollout_id)
     result = {"marked": [], "unchanged": [], "not_marked": {}}
     now = utc_now()
     for key, record in sorted(list_records(store).items()):
-        if not superseded_by(record, fence_epoch):
+        ours = rollout_id is not None and key.split("/", 1)[0] == rollout_id
+        if not superseded_by(record, fence_epoch) or not (ours or record["outcome"] == "completed"):
             continue
         mirror = os.path.join(mirror_dir, key + ".json") if mirror_dir else None
         records = StoreRecords(store, key, mirror if mirror and os.path.exists(mirror) else None)

@@ -11,10 +11,13 @@ description:
   - The rollout store is the one list of rollout records (one key per wave,
     C(rollouts/<rollout_id>/<wave>)). A fast or deep rollback raises the fleet's fence, and every
     node's fence watcher then takes its node back to the proxy, whichever rollout put it on the
-    direct path. V(mark_rolled_back) marks each record whose weights were written at an epoch
-    older than O(fence_epoch) rolled back, in the store, whichever controller started the
-    rollout and whether it runs, is paused or completed. A wave a person aborted keeps its
-    outcome and gains the rollback's facts. A record already rolled back is left as it is.
+    direct path. V(mark_rolled_back) marks rolled back, in the store, the records whose
+    weights were written at an epoch older than O(fence_epoch), whichever controller started
+    the rollout: every completed one, and every one of O(rollout_id) whatever its state (a
+    wave a person aborted keeps its outcome and gains the rollback's facts). A running or
+    paused record of another rollout is left as it is. It reads fenced, its runner stops,
+    and it may be resumed on purpose under the new epoch. A record already rolled back is
+    left as it is.
   - Each record is a compare-and-swap on the revision read; one that another actor changes in
     between is read again. A record that still cannot be written is named in RV(not_marked) and
     does not stop the others; the module fails only when the store cannot be read at all.
@@ -42,6 +45,10 @@ options:
     description: Facts of the rollback kept in each record, such as its mode and measured time.
     type: dict
     default: {}
+  rollout_id:
+    description:
+      - The rollout the rollback was run for; its records are marked whatever their state.
+    type: str
   actor:
     description: Who rolled back. Defaults to user@host.
     type: str
@@ -69,6 +76,7 @@ EXAMPLES = r"""
   zerolayer.fleet.rollout_records:
     action: mark_rolled_back
     fence_epoch: "{{ _rollback_epoch | int }}"
+    rollout_id: "{{ canary_rollout_id }}"
     reason: "fast rollback: p99 regression"
     details:
       mode: fast
@@ -121,6 +129,7 @@ def main():
             fence_epoch=dict(type="int", required=True),
             reason=dict(type="str", required=True),
             details=dict(type="dict", default={}),
+            rollout_id=dict(type="str"),
             actor=dict(type="str"),
             record_dir=dict(type="path"),
             **store_options(),
@@ -135,6 +144,7 @@ def main():
             params["reason"],
             params["details"],
             params["actor"] or rollout.default_actor(),
+            rollout_id=params["rollout_id"],
             mirror_dir=params["record_dir"],
             check=module.check_mode,
         )

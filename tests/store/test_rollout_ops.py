@@ -188,10 +188,15 @@ def test_promote_on_a_finished_rollout_is_refused(store):
 
 def test_abort_raises_the_fence_first_and_marks_every_wave(store):
     planted(store)
+    completed(store, "chat-done", T0, epoch=0)
     result = rollout_ops.abort(store, "chat-a", "bad answers", "oncall@laptop")
     assert result["fence"]["epoch"] == 1 and result["fence"]["action"] == "abort"
     assert {w["outcome"] for w in result["waves"].values()} == {"aborted"}
     assert [e["action"] for e in rollout_ops.history(store, "chat-a")][-2:] == ["abort", "abort"]
+    # Its fence took the completed rollout's nodes back to the proxy too.
+    assert result["completed_rolled_back"] == ["chat-done/wave_all"]
+    done = record_of(store, "chat-done/wave_all")
+    assert done["outcome"] == "rolled_back" and done["rollback"]["details"]["mode"] == "abort"
 
 
 def test_two_writers_of_one_record_cannot_both_win(store):
@@ -497,48 +502,58 @@ def test_list_by_the_command_takes_since_and_limit_and_refuses_bad_ones(etcd_url
     assert status == rollout_cli.EXIT_BAD_INPUT and "--limit" in err
 
 
-def test_a_rollback_marks_every_superseded_record_from_the_store_and_nothing_else(store, tmp_path):
-    """The store is the list: a completed rollout of another controller, a running one and an
-    aborted one are marked; a rollout that took the fence's own epoch and one already marked
-    are not; the controller's copy is rewritten where it exists and none is created."""
+def test_a_rollback_marks_the_superseded_records_from_the_store(store, tmp_path):
+    """The store is the list: a completed rollout of another controller is marked, and every
+    wave of the rollout the rollback was run for (an aborted one gains the rollback); a
+    running rollout of someone else stays running (it reads fenced and may be taken on
+    purpose); a rollout at the fence's own epoch is not touched; the controller's copy is
+    rewritten where it exists and none is created."""
     completed(store, "chat-old", T0, epoch=1)
     planted(store, "chat-now", epoch=2)
+    planted(store, "chat-other", waves=("wave_all",), epoch=2)
     planted(store, "chat-stopped", waves=("wave_all",), epoch=2)
     rollout_ops.abort(store, "chat-stopped", "by hand", "oncall@laptop")
     planted(store, "chat-next", waves=("wave_all",), epoch=4)
     mirror = tmp_path / "chat-old" / "wave_all.json"
     mirror.parent.mkdir()
     rollout.write_record(str(mirror), record_of(store, "chat-old/wave_all"))
-    before = {key: record_of(store, key) for key in ("chat-next/wave_all",)}
+    untouched = {
+        key: record_of(store, key) for key in ("chat-next/wave_all", "chat-other/wave_all")
+    }
+    details = {"mode": "fast"}
 
-    would = rollout_ops.mark_rolled_back(
-        store, 4, "fast rollback: p99", {"mode": "fast"}, "oncall@ctl-2", str(tmp_path), check=True
-    )
+    def mark(rollout_id, check=False):
+        return rollout_ops.mark_rolled_back(
+            store, 4, "fast rollback: p99", details, "oncall@ctl-2", rollout_id=rollout_id,
+            mirror_dir=str(tmp_path), check=check,
+        )  # fmt: skip
+
+    would = mark("chat-now", check=True)
     assert record_of(store, "chat-old/wave_all")["outcome"] == "completed", "check writes nothing"
-    done = rollout_ops.mark_rolled_back(
-        store, 4, "fast rollback: p99", {"mode": "fast"}, "oncall@ctl-2", str(tmp_path)
-    )
+    done = mark("chat-now")
     assert done == would
-    assert done["marked"] == [
-        "chat-now/wave_canary", "chat-now/wave_rest", "chat-old/wave_all", "chat-stopped/wave_all",
-    ]  # fmt: skip
+    assert done["marked"] == ["chat-now/wave_canary", "chat-now/wave_rest", "chat-old/wave_all"]
     assert done["unchanged"] == [] and done["not_marked"] == {}
     old = record_of(store, "chat-old/wave_all")
     assert old["outcome"] == "rolled_back" and old["rollback"]["by"] == "oncall@ctl-2"
-    assert old["rollback"]["details"] == {"mode": "fast"}
+    assert old["rollback"]["details"] == details
     assert record_of(store, "chat-now/wave_canary")["outcome"] == "rolled_back"
-    stopped = record_of(store, "chat-stopped/wave_all")
-    assert stopped["outcome"] == "aborted" and stopped["rollback"]["reason"] == "fast rollback: p99"
-    assert record_of(store, "chat-next/wave_all") == before["chat-next/wave_all"]
+    for key, record in untouched.items():
+        assert record_of(store, key) == record, key
     assert rollout.read_record(str(mirror))["outcome"] == "rolled_back", "the copy follows"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat-old"], "no copy created"
-    # Once more: nothing left to mark.
-    again = rollout_ops.mark_rolled_back(store, 4, "again", {}, "oncall@ctl-2", str(tmp_path))
-    assert again["marked"] == [] and len(again["unchanged"]) == 4
+    # The aborted rollout's own rollback: it stays aborted and gains the rollback.
+    assert mark("chat-stopped")["marked"] == ["chat-stopped/wave_all"]
+    stopped = record_of(store, "chat-stopped/wave_all")
+    assert stopped["outcome"] == "aborted" and stopped["rollback"]["reason"] == "fast rollback: p99"
+    # Once more: nothing left to mark (a record already rolled back is no longer completed).
+    again = mark("chat-now")
+    assert again["marked"] == [] and again["unchanged"] == [
+        "chat-now/wave_canary", "chat-now/wave_rest"]  # fmt: skip
     # Status names the rollback a marked record keeps (its epoch is in the details).
     planted(store, "chat-later", waves=("wave_all",), epoch=4)
-    rollout_ops.mark_rolled_back(store, 5, "fast rollback: drill", {"mode": "fast",
-                                 "fence_epoch": "5"}, "ci@ctl")  # fmt: skip
+    later = {"mode": "fast", "fence_epoch": "5"}
+    rollout_ops.mark_rolled_back(store, 5, "fast rollback: drill", later, "ci@ctl", "chat-later")
     row = rollout_ops.status(store, "chat-later")["rollouts"]["chat-later"]["wave_all"]
     assert row["outcome"] == "rolled_back"
     assert row["rolled_back_by"]["epoch"] == 5 and row["rolled_back_by"]["actor"] == "ci@ctl"
@@ -547,6 +562,8 @@ def test_a_rollback_marks_every_superseded_record_from_the_store_and_nothing_els
     )
     with pytest.raises(FleetError, match="fence_epoch must be a whole number >= 1"):
         rollout_ops.mark_rolled_back(store, 0, "x", {}, "oncall@ctl-2")
+    with pytest.raises(FleetError, match="rollout_id"):
+        rollout_ops.mark_rolled_back(store, 5, "x", {}, "oncall@ctl-2", rollout_id="no/slash")
 
 
 def test_a_record_that_keeps_changing_is_named_and_the_others_are_still_marked(
@@ -562,7 +579,9 @@ def test_a_record_that_keeps_changing_is_named_and_the_others_are_still_marked(
         return write(self, record, token)
 
     monkeypatch.setattr(StoreRecords, "write", one_record_keeps_changing)
-    result = rollout_ops.mark_rolled_back(store, 2, "deep rollback: drill", {}, "ci@ctl")
+    result = rollout_ops.mark_rolled_back(
+        store, 2, "deep rollback: drill", {}, "ci@ctl", rollout_id="chat-now"
+    )
     assert result["marked"] == ["chat-old/wave_all"]
     assert list(result["not_marked"]) == ["chat-now/wave_all"]
     assert record_of(store, "chat-now/wave_all")["outcome"] == "running"
@@ -580,7 +599,7 @@ def test_the_records_module_marks_in_check_mode_nothing_and_then_the_superseded(
     assert record_of(store, "chat-old/wave_all")["outcome"] == "rolled_back"
     assert record_of(store, "chat-next/wave_all")["outcome"] == "running"
     again = run_module("rollout_records", etcd_url, store.prefix, **args)
-    assert again["changed"] is False and again["unchanged"] == ["chat-old/wave_all"], again
+    assert again["changed"] is False and again["marked"] == [] == again["unchanged"], again
     args["fence_epoch"] = 0
     bad = run_module("rollout_records", etcd_url, store.prefix, **args)
     assert bad["failed"] is True and "fence_epoch must be a whole number >= 1" in bad["msg"]
