@@ -4,8 +4,8 @@
  * leave the choice to the kernel (the proxy bound to the port gets it) or hand
  * the connection to a model engine's own listening socket.
  *
- * The choice is a pure function of the connection's 4-tuple, the route's weight
- * and the node's seeds (zl_config). It must be: with SYN cookies the final ACK runs this lookup again and
+ * The choice is a pure function of the connection's 4-tuple, the route's weight and
+ * cohorts (zl_cohorts_v4/v6) and the node's seeds (zl_config). It must be: with SYN cookies the final ACK runs this lookup again and
  * has to land on the same socket as the SYN did.
  */
 #include <linux/bpf.h>
@@ -77,6 +77,29 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } zl_weights SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ZL_MAX_COHORT_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct zl_cohort_key_v4);
+	__type(value, __u32);
+} zl_cohorts_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, ZL_MAX_COHORT_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct zl_cohort_key_v6);
+	__type(value, __u32);
+} zl_cohorts_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, ZL_MAX_ROUTES);
+	__type(key, __u32);
+	__type(value, struct zl_cohort_counters);
+} zl_cohort_ctrs SEC(".maps");
 
 /* splitmix64's finaliser: every input bit moves about half the output bits. */
 static __always_inline __u64 zl_mix(__u64 x)
@@ -205,6 +228,27 @@ static __always_inline struct bpf_sock *zl_nth_live_socket(__u32 route_index, __
 	return NULL;
 }
 
+/* The cohort the client's address is in on this route: ZL_COHORT_*, or 0 for none. */
+static __always_inline __u32 zl_cohort(const struct bpf_sk_lookup *ctx, __u32 index)
+{
+	__u32 *set;
+
+	if (ctx->family == AF_INET) {
+		struct zl_cohort_key_v4 key = { .prefixlen = 64, .route_index = index };
+
+		__builtin_memcpy(key.addr, &ctx->remote_ip4, 4);
+		set = bpf_map_lookup_elem(&zl_cohorts_v4, &key);
+	} else {
+		struct zl_cohort_key_v6 key = { .prefixlen = 160, .route_index = index };
+		__u32 ip6[4] = { ctx->remote_ip6[0], ctx->remote_ip6[1], ctx->remote_ip6[2],
+				 ctx->remote_ip6[3] };
+
+		__builtin_memcpy(key.addr, ip6, 16);
+		set = bpf_map_lookup_elem(&zl_cohorts_v6, &key);
+	}
+	return set ? *set : 0;
+}
+
 /* Times a sample of decisions only: the clock costs more than the decision. */
 static __always_inline int zl_timed(__u64 weight_hash)
 {
@@ -214,14 +258,15 @@ static __always_inline int zl_timed(__u64 weight_hash)
 SEC("sk_lookup")
 int zerolayer_router(struct bpf_sk_lookup *ctx)
 {
+	struct zl_cohort_counters *cohort_counters;
 	struct zl_counters *counters;
 	struct zl_config *config;
 	struct zl_route *route;
 	__u32 *weight_bp;
 	__u64 weight_hash, started_ns = 0;
 	struct bpf_sock *sk;
-	__u32 port, index, limit, live, nth, wanted_family, config_key = 0;
-	int timed;
+	__u32 port, index, limit, live, nth, wanted_family, weight_word, cohort, config_key = 0;
+	int timed, opt_in = 0;
 
 	asm volatile("r0 = %[stamp]" : : [stamp] "i"(ZL_BUILD_STAMP) : "r0");
 
@@ -244,9 +289,24 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	weight_bp = bpf_map_lookup_elem(&zl_weights, &index);
 	if (!counters || !weight_bp || index >= ZL_MAX_ROUTES)
 		return SK_PASS;
+	cohort_counters = bpf_map_lookup_elem(&zl_cohort_ctrs, &index);
+	if (!cohort_counters)
+		return SK_PASS;
 	counters->lookups++;
 
-	if (weight_hash % ZL_WEIGHT_SCALE >= *weight_bp) {
+	/*
+	 * The decision order: the opt-out cohort (never_direct) wins over the opt-in cohort
+	 * (always_direct, only while the weight word's opt-in bit is set), which wins over
+	 * the weight's hash. Each is a function of the 4-tuple and the maps, as before.
+	 */
+	weight_word = *weight_bp;
+	cohort = zl_cohort(ctx, index);
+	if (cohort == ZL_COHORT_NEVER_DIRECT) {
+		cohort_counters->to_proxy_opt_out++;
+		goto out;
+	}
+	opt_in = cohort == ZL_COHORT_ALWAYS_DIRECT && (weight_word & ZL_WEIGHT_OPT_IN);
+	if (!opt_in && weight_hash % ZL_WEIGHT_SCALE >= (weight_word & ZL_WEIGHT_BP_MASK)) {
 		counters->to_proxy_by_weight++;
 		goto out;
 	}
@@ -263,9 +323,11 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 		if (!sk)
 			goto no_socket;
 	}
-	if (bpf_sk_assign(ctx, sk, 0) == 0)
+	if (bpf_sk_assign(ctx, sk, 0) == 0) {
 		counters->to_engine++;
-	else
+		if (opt_in)
+			cohort_counters->to_engine_opt_in++;
+	} else
 		counters->assign_errors++;
 	bpf_sk_release(sk);
 	goto out;

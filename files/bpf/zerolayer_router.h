@@ -28,9 +28,11 @@
  * The layout of the pinned maps. 1: the first release (four maps, constant seeds).
  * 2: adds zl_config (the node's own seeds and this number), zl_families and
  *    zl_weights (the weight leaves zl_route, so a rollback is one blind write).
+ * 3: adds the cohorts: zl_cohorts_v4, zl_cohorts_v6 (client sets by source CIDR) and
+ *    zl_cohort_ctrs; the high bit of a zl_weights value enables the opt-in cohort.
  * User space refuses pins whose layout it does not know (route_codec.MAP_SPECS).
  */
-#define ZL_LAYOUT_VERSION 2
+#define ZL_LAYOUT_VERSION 3
 /* Bits of a zl_families value: the address families a slot's socket can take. */
 #define ZL_TAKES_IPV4 1
 #define ZL_TAKES_IPV6 2
@@ -91,7 +93,48 @@ struct zl_config {
  * points (0..10000): the share of the route's new connections sent to the engine.
  * Its own map so that setting a weight is one update of 4 bytes, with no read first:
  * a fast rollback writes 0 everywhere without waiting for any other writer.
+ *
+ * Since layout 3 the word's high bit (ZL_WEIGHT_OPT_IN) enables the route's opt-in
+ * cohort (its always_direct entries) and the low bits (ZL_WEIGHT_BP_MASK) hold the
+ * weight: the 0 a rollback writes, blind, clears the weight and the opt-in cohort in one
+ * write. Only user space that knows layout 3 sets the bit (a layout 2 program would read
+ * it as a weight).
  */
+#define ZL_WEIGHT_OPT_IN 0x80000000u
+#define ZL_WEIGHT_BP_MASK 0x0000ffffu
+
+/*
+ * zl_cohorts_v4 / zl_cohorts_v6: BPF_MAP_TYPE_LPM_TRIE (BPF_F_NO_PREALLOC), at most
+ * ZL_MAX_COHORT_ENTRIES entries each. The route index comes before the address in the
+ * key, so one trie serves every route: prefixlen counts the 32 bits of the route index
+ * and then the CIDR's prefix length (32 + 24 for 10.0.0.0/24 on any route). The value is
+ * a __u32 ZL_COHORT_* (which set the CIDR is in). A lookup with the client's full address
+ * finds the longest prefix of that route only.
+ */
+#define ZL_MAX_COHORT_ENTRIES 1024
+#define ZL_COHORT_ALWAYS_DIRECT 1 /* opt-in: the engine at any weight (bit set in zl_weights) */
+#define ZL_COHORT_NEVER_DIRECT 2  /* opt-out: the proxy at any weight */
+
+struct zl_cohort_key_v4 {
+	__u32 prefixlen;   /* 32 (route index) + the CIDR's prefix length */
+	__u32 route_index; /* host order; always matched whole */
+	__u8 addr[4];      /* network order */
+};
+
+struct zl_cohort_key_v6 {
+	__u32 prefixlen;
+	__u32 route_index;
+	__u8 addr[16];
+};
+
+/*
+ * zl_cohort_ctrs: BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 route index (layout 3; a map of
+ * its own so that zl_counters keeps the size old pins have).
+ */
+struct zl_cohort_counters {
+	__u64 to_engine_opt_in;  /* opt-in clients assigned to an engine (also in to_engine) */
+	__u64 to_proxy_opt_out;  /* opt-out clients left to the proxy (in no zl_counters field) */
+};
 
 /* zl_counters: BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 route index. */
 struct zl_counters {

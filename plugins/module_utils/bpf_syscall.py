@@ -163,7 +163,7 @@ def obj_pin(fd, path):
 # Maps
 
 
-def map_create(map_type, key_size, value_size, max_entries, name):
+def map_create(map_type, key_size, value_size, max_entries, name, map_flags=0):
     """Create a map and return its fd (name: at most 15 bytes, the kernel's limit)."""
     encoded = name.encode("ascii")
     if len(encoded) > 15:
@@ -173,6 +173,7 @@ def map_create(map_type, key_size, value_size, max_entries, name):
         ("=I", 4, key_size),
         ("=I", 8, value_size),
         ("=I", 12, max_entries),
+        ("=I", 16, map_flags),
         ("=16s", 28, encoded),
     )
     return bpf(BPF_MAP_CREATE, attr, "creating BPF map %s" % name)

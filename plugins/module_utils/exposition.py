@@ -80,7 +80,10 @@ _HELP = {
     "zerolayer_route_engine_sockets": "Engine sockets registered in the route's slots",
     "zerolayer_route_lookups_total": "TCP lookups on the route's port",
     "zerolayer_route_decisions_total": "Routing decisions by outcome: engine, proxy_weight, "
-    "fallback_no_socket or assign_error",
+    "fallback_no_socket, assign_error or proxy_opt_out (a client of the route's never_direct "
+    "cohort)",
+    "zerolayer_route_opt_in_engine_total": "Connections of the route's always_direct cohort "
+    "handed to an engine (a part of the engine outcome of zerolayer_route_decisions_total)",
     "zerolayer_route_decision_duration_seconds": "Decision time of a sample of the "
     "decisions (one in %d, by 4-tuple), from the program's log2 histogram (bucket bounds 2^k ns; "
     "_sum estimated from bucket midpoints)" % LATENCY_SAMPLE_EVERY,
@@ -199,6 +202,7 @@ def collect(layout, run_time_stats=False, watcher_status=None):
         read_slots,
     )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+        read_cohort_counters,
         read_counters,
         read_latency_buckets,
     )
@@ -223,6 +227,8 @@ def collect(layout, run_time_stats=False, watcher_status=None):
                 "generation": route.generation,
                 "engine_sockets": len(read_slots(layout, route.route_index)),
                 "counters": read_counters(layout, route.route_index),
+                # None on pins without cohorts (layout 2)
+                "cohort_counters": read_cohort_counters(layout, route.route_index),
             }
         )
     snapshot["latency_buckets"] = read_latency_buckets(layout)
@@ -470,8 +476,33 @@ def render(snapshot):
                 )
                 for r in routes
                 for field, outcome in OUTCOMES
+            ]
+            # The opt-out cohort's clients: left to the proxy whatever the weight.
+            + [
+                _sample(
+                    "zerolayer_route_decisions_total",
+                    [("route", r["name"]), ("outcome", "proxy_opt_out")],
+                    r["cohort_counters"]["to_proxy_opt_out"],
+                )
+                for r in routes
+                if r.get("cohort_counters")
             ],
         )
+        cohort_routes = [r for r in routes if r.get("cohort_counters")]
+        if cohort_routes:
+            _family(
+                lines,
+                "zerolayer_route_opt_in_engine_total",
+                "counter",
+                [
+                    _sample(
+                        "zerolayer_route_opt_in_engine_total",
+                        [("route", r["name"])],
+                        r["cohort_counters"]["to_engine_opt_in"],
+                    )
+                    for r in cohort_routes
+                ],
+            )
     buckets = snapshot.get("latency_buckets")
     if buckets is not None:
         _family(

@@ -108,7 +108,7 @@ def write_new_seeds(layout, seeds=None):
 def pin_new_map(spec, path):
     """Create an empty map as spec (route_codec.MapSpec) describes it and pin it at path."""
     fd = bpf_syscall.map_create(
-        spec.map_type, spec.key_size, spec.value_size, spec.max_entries, spec.name
+        spec.map_type, spec.key_size, spec.value_size, spec.max_entries, spec.name, spec.map_flags
     )
     try:
         bpf_syscall.obj_pin(fd, path)
@@ -120,8 +120,10 @@ def add_maps_of_newer_layout(layout):
     """Upgrade pins of an older layout in place: create and pin the maps it lacks.
 
     Routes, sockets and counters stay where they are; the old program keeps running on
-    them until the link swaps to the new one. The node gets new seeds here, so the
-    paths of new connections are drawn once more at this upgrade (never again after).
+    them until the link swaps to the new one. Pins of layout 1 get the node's own seeds
+    here, so the paths of new connections are drawn once more at that upgrade (never again
+    after); pins of layout 2 keep theirs (every tuple keeps its path) and zl_config records
+    the new layout. The cohort maps start empty and no weight word has its opt-in bit.
     """
     version = pinned_layout_version(layout)
     if version is None or version == LAYOUT_VERSION:
@@ -133,10 +135,17 @@ def add_maps_of_newer_layout(layout):
             continue
         pin_new_map(MAP_SPEC_BY_NAME[name], path)
         added.append(name)
-    write_new_seeds(layout)
+    write_new_seeds(layout, _pinned_seeds(layout) if version >= 2 else None)
     if WEIGHTS_MAP in added:
         copy_legacy_weights(layout)
     return added
+
+
+def _pinned_seeds(layout):
+    """(seed_weight, seed_slot) as zl_config holds them."""
+    with opened(layout.map(CONFIG_MAP), read_only=True) as fd:
+        raw = bpf_syscall.map_lookup(fd, CONFIG_KEY.pack(0), CONFIG_VALUE.size)
+    return CONFIG_VALUE.unpack(raw)[2:]
 
 
 def copy_legacy_weights(layout):

@@ -8,11 +8,15 @@ import os
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    COHORT_COUNTERS_MAP,
     COUNTERS_MAP,
     LATENCY_MAP,
+    has_map,
     opened_map,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    COHORT_COUNTER_FIELDS,
+    COHORT_COUNTERS_VALUE,
     COUNTER_FIELDS,
     COUNTERS_VALUE,
     LATENCY_BUCKETS,
@@ -45,6 +49,22 @@ def read_counters(layout, route_index):
     cpus = bpf_syscall.possible_cpus()
     with opened_map(layout, COUNTERS_MAP, read_only=True) as fd:
         return sum_counters(_per_cpu_values(fd, PORT_KEY.pack(route_index), COUNTERS_VALUE, cpus))
+
+
+def read_cohort_counters(layout, route_index):
+    """{to_engine_opt_in, to_proxy_opt_out} of one route (zl_cohort_ctrs, layout 3;
+    None on older pins). to_engine_opt_in is part of to_engine; to_proxy_opt_out is in no
+    zl_counters field (lookups = to_engine + to_proxy_by_weight + fallback_no_socket +
+    assign_errors + to_proxy_opt_out)."""
+    if not has_map(layout, COHORT_COUNTERS_MAP):
+        return None
+    cpus = bpf_syscall.possible_cpus()
+    totals = dict.fromkeys(COHORT_COUNTER_FIELDS, 0)
+    with opened_map(layout, COHORT_COUNTERS_MAP, read_only=True) as fd:
+        for values in _per_cpu_values(fd, PORT_KEY.pack(route_index), COHORT_COUNTERS_VALUE, cpus):
+            for field, value in zip(COHORT_COUNTER_FIELDS, values):
+                totals[field] += value
+    return totals
 
 
 def read_latency_buckets(layout):

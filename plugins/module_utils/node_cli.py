@@ -129,9 +129,32 @@ def build_parser():
     def add(name, help_text):
         return commands.add_parser(name, help=help_text, parents=[common])
 
-    set_weight = add("set-weight", "one atomic write of a route's weight (percent, 0-100)")
+    set_weight = add(
+        "set-weight",
+        "one atomic write of a route's weight (percent, 0-100) and, with it, its cohorts",
+    )
     set_weight.add_argument("--route", required=True)
-    set_weight.add_argument("--weight", required=True, help="percent, at most two decimals")
+    set_weight.add_argument(
+        "--weight",
+        default=None,
+        help="percent, at most two decimals (required unless a cohort option is given; "
+        "omitted: unchanged)",
+    )
+    set_weight.add_argument(
+        "--always-direct",
+        default=None,
+        metavar="CIDR[,CIDR...]",
+        help="the opt-in cohort: client networks sent to the engine at any weight (fenced "
+        "like a weight raise; a rollback clears it with the weight); '' clears; omitted: "
+        "unchanged",
+    )
+    set_weight.add_argument(
+        "--never-direct",
+        default=None,
+        metavar="CIDR[,CIDR...]",
+        help="the opt-out cohort: client networks left to the proxy at any weight; '' clears; "
+        "omitted: unchanged",
+    )
     _add_epoch(set_weight, WRITER_EPOCH_HELP)
 
     rollback = add("rollback", "raise the fence, then weight 0 on every route, read back")
@@ -272,13 +295,28 @@ def _percent(weight_bp):
 def cmd_set_weight(args, config):
     from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
 
+    if args.weight is None and args.always_direct is None and args.never_direct is None:
+        raise UsageError(
+            "set-weight: --weight is required unless --always-direct or --never-direct is given",
+            "weight",
+        )
     layout = _layout(args, config)
     routes.validate_route_name(args.route, "route")
-    routes.parse_weight(args.weight, "weight")
+    if args.weight is not None:
+        routes.parse_weight(args.weight, "weight")
+    always = _cidr_list(args.always_direct)
+    never = _cidr_list(args.never_direct)
     routes.require_route(layout, args.route)
-    result = routes.set_route(layout, args.route, weight=args.weight, epoch=args.epoch)
+    result = routes.set_route(
+        layout,
+        args.route,
+        weight=args.weight,
+        epoch=args.epoch,
+        always_direct=always,
+        never_direct=never,
+    )
     confirmed = routes.find_route(routes.read_routes(layout), args.route)
-    return {
+    output = {
         "epoch": args.epoch,
         "route": args.route,
         "port": confirmed.port,
@@ -288,6 +326,18 @@ def cmd_set_weight(args, config):
         # What the node's fence could not check (the rollout store did not answer).
         "warnings": result["warnings"],
     }
+    if result.get("cohorts_after") is not None:
+        output["before"].update(result["cohorts_before"] or {})
+        output["after"].update(result["cohorts_after"])
+        output["after"]["opt_in"] = confirmed.opt_in
+    return output
+
+
+def _cidr_list(text):
+    """A comma-separated list of CIDRs as a list ('' is the empty list); None stays None."""
+    if text is None:
+        return None
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def cmd_rollback(args, config):
@@ -328,7 +378,9 @@ def cmd_rollback(args, config):
             else None,
             "weight": _percent(route.weight_bp),
             "generation": route.generation,
-            "confirmed": route.weight_bp == 0,
+            # The same write clears the opt-in cohort (always_direct) with the weight.
+            "opt_in": route.opt_in,
+            "confirmed": route.weight_bp == 0 and not route.opt_in,
         }
         if route.name in failures:
             entry["error"] = failures[route.name]

@@ -6,7 +6,8 @@
 <pin_dir>/prog_next    a program being loaded for an upgrade (short-lived)
 <pin_dir>/link         the BPF link attaching the program to a netns
 <pin_dir>/maps/<name>  zl_routes, zl_sockets, zl_counters, zl_latency (layout 1),
-                       zl_config, zl_families, zl_weights (layout 2)
+                       zl_config, zl_families, zl_weights (layout 2),
+                       zl_cohorts_v4, zl_cohorts_v6, zl_cohort_ctrs (layout 3)
 
 Every map is checked against route_codec.MAP_SPECS when it is opened: a pin of another
 layout (another value size, say) is refused before anything is read into a buffer of
@@ -78,6 +79,9 @@ MAP_NAMES = tuple(spec.name for spec in MAP_SPECS)
     CONFIG_MAP,
     FAMILIES_MAP,
     WEIGHTS_MAP,
+    COHORTS_V4_MAP,
+    COHORTS_V6_MAP,
+    COHORT_COUNTERS_MAP,
 ) = MAP_NAMES
 
 
@@ -341,7 +345,11 @@ def read_layout_config(layout):
         check_map(fd, CONFIG_MAP, path)
         raw = bpf_syscall.map_lookup(fd, CONFIG_KEY.pack(0), CONFIG_VALUE.size)
     version, _reserved, seed_weight, seed_slot = CONFIG_VALUE.unpack(raw)
-    if version != LAYOUT_VERSION:
+    # Pins of the previous layout (2) keep working until an attach adds the maps they lack;
+    # their zl_config says 2 as long as they have no layout 3 map.
+    if version != LAYOUT_VERSION and not (
+        2 <= version < LAYOUT_VERSION and pinned_layout_version(layout) == version
+    ):
         raise FleetError(
             "the maps under %s are of layout %d, and this router version knows layout %d; "
             "install the collection version that made them, or remove the router with "

@@ -9,21 +9,34 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets imp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     latency_summary,
+    read_cohort_counters,
     read_counters,
     read_latency_buckets,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import router_state
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+    has_cohorts,
+    read_cohort_entries,
+    read_routes,
+    route_cohorts,
+)
 
 
-def route_report(layout, route):
-    """A route with its weight (bp and percent), generation, slots and counters."""
+def route_report(layout, route, cohort_entries=None):
+    """A route with its weight (bp and percent), generation, slots, counters and (layout 3)
+    its cohorts: always_direct and never_direct as the program applies them."""
     report = route.as_dict()
     report["slots"] = {
         str(slot): cookie for slot, cookie in sorted(read_slots(layout, route.route_index).items())
     }
     report["counters"] = read_counters(layout, route.route_index)
+    cohort_counters = read_cohort_counters(layout, route.route_index)
+    if cohort_counters is not None:
+        report["counters"].update(cohort_counters)
+    if cohort_entries is not None:
+        report["opt_in"] = route.opt_in
+        report.update(route_cohorts(route, cohort_entries))
     return report
 
 
@@ -38,6 +51,7 @@ def router_report(layout):
     }
     if missing_pins(layout):
         return report
-    report["routes"] = [route_report(layout, route) for route in read_routes(layout)]
+    entries = read_cohort_entries(layout) if has_cohorts(layout) else None
+    report["routes"] = [route_report(layout, route, entries) for route in read_routes(layout)]
     report["latency"] = latency_summary(read_latency_buckets(layout))
     return report

@@ -8,6 +8,7 @@ field). Pure Python: nothing here touches the kernel.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import struct
 from decimal import Decimal, InvalidOperation
@@ -22,8 +23,20 @@ LATENCY_BUCKETS = 64
 # One decision in 2**LATENCY_SAMPLE_SHIFT is timed into the latency histogram.
 LATENCY_SAMPLE_SHIFT = 4
 LATENCY_SAMPLE_EVERY = 1 << LATENCY_SAMPLE_SHIFT
-# The pinned maps' layout (ZL_LAYOUT_VERSION); 1 was the first release's.
-LAYOUT_VERSION = 2
+# The pinned maps' layout (ZL_LAYOUT_VERSION); 1 was the first release's, 3 adds the cohorts.
+LAYOUT_VERSION = 3
+# A zl_weights value (layout 3): the weight in basis points in its low bits, and the bit
+# that enables the route's opt-in cohort (always_direct). A rollback's blind 0 clears both.
+WEIGHT_OPT_IN = 0x80000000
+WEIGHT_BP_MASK = 0x0000FFFF
+# The cohort tries (zl_cohorts_v4, zl_cohorts_v6): entries per family, values.
+MAX_COHORT_ENTRIES = 1024
+COHORT_ALWAYS_DIRECT = 1
+COHORT_NEVER_DIRECT = 2
+COHORT_SETS = {COHORT_ALWAYS_DIRECT: "always_direct", COHORT_NEVER_DIRECT: "never_direct"}
+# The route index's bits that come before the address in a cohort key.
+COHORT_INDEX_BITS = 32
+BPF_F_NO_PREALLOC = 1
 TAKES_IPV4 = 1
 TAKES_IPV6 = 2
 
@@ -38,7 +51,12 @@ LATENCY_VALUE = struct.Struct("=Q")
 CONFIG_KEY = struct.Struct("=I")
 CONFIG_VALUE = struct.Struct("=IIQQ")  # layout_version, reserved, seed_weight, seed_slot
 FAMILIES_VALUE = struct.Struct("=I")
-WEIGHT_VALUE = struct.Struct("=I")  # basis points; zl_weights, key the route index
+WEIGHT_VALUE = struct.Struct("=I")  # basis points (+ WEIGHT_OPT_IN); zl_weights, key route index
+COHORT_KEY_V4 = struct.Struct("=II4s")  # prefixlen, route index, address (network order)
+COHORT_KEY_V6 = struct.Struct("=II16s")
+COHORT_VALUE = struct.Struct("=I")  # COHORT_ALWAYS_DIRECT or COHORT_NEVER_DIRECT
+COHORT_COUNTERS_VALUE = struct.Struct("=2Q")
+COHORT_COUNTER_FIELDS = ("to_engine_opt_in", "to_proxy_opt_out")
 COUNTER_FIELDS = (
     "lookups",
     "to_engine",
@@ -51,16 +69,28 @@ COUNTER_FIELDS = (
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
 MAP_TYPE_PERCPU_ARRAY = 6
+MAP_TYPE_LPM_TRIE = 11
 MAP_TYPE_SOCKMAP = 15
 
 
 class MapSpec:
     """What a pinned map must be for this code to read and write it."""
 
-    __slots__ = ("key_size", "map_type", "max_entries", "name", "since_layout", "value_size")
+    __slots__ = (
+        "key_size",
+        "map_flags",
+        "map_type",
+        "max_entries",
+        "name",
+        "since_layout",
+        "value_size",
+    )
 
-    def __init__(self, name, map_type, key_size, value_size, max_entries, since_layout=1):
+    def __init__(
+        self, name, map_type, key_size, value_size, max_entries, since_layout=1, map_flags=0
+    ):
         self.name = name
+        self.map_flags = map_flags
         self.map_type = map_type
         self.key_size = key_size
         self.value_size = value_size
@@ -103,6 +133,32 @@ MAP_SPECS = (
         since_layout=2,
     ),
     MapSpec("zl_weights", MAP_TYPE_ARRAY, PORT_KEY.size, WEIGHT_VALUE.size, MAX_ROUTES, 2),
+    MapSpec(
+        "zl_cohorts_v4",
+        MAP_TYPE_LPM_TRIE,
+        COHORT_KEY_V4.size,
+        COHORT_VALUE.size,
+        MAX_COHORT_ENTRIES,
+        since_layout=3,
+        map_flags=BPF_F_NO_PREALLOC,
+    ),
+    MapSpec(
+        "zl_cohorts_v6",
+        MAP_TYPE_LPM_TRIE,
+        COHORT_KEY_V6.size,
+        COHORT_VALUE.size,
+        MAX_COHORT_ENTRIES,
+        since_layout=3,
+        map_flags=BPF_F_NO_PREALLOC,
+    ),
+    MapSpec(
+        "zl_cohort_ctrs",
+        MAP_TYPE_PERCPU_ARRAY,
+        4,
+        COHORT_COUNTERS_VALUE.size,
+        MAX_ROUTES,
+        since_layout=3,
+    ),
 )
 MAP_SPEC_BY_NAME = {spec.name: spec for spec in MAP_SPECS}
 
@@ -115,12 +171,15 @@ class Route:
 
     slot_limit: the route's sockets are in slots below it (0: unknown, the program
     looks at every slot); engine_sockets keeps it one above the highest live slot.
+    opt_in: the weight word's opt-in bit (layout 3): the route's always_direct entries
+    apply. Compared only when set, so routes of older layouts compare as before.
     """
 
-    __slots__ = ("generation", "name", "port", "route_index", "slot_limit", "weight_bp")
+    __slots__ = ("generation", "name", "opt_in", "port", "route_index", "slot_limit", "weight_bp")
 
-    def __init__(self, name, port, weight_bp, generation, route_index, slot_limit=0):
+    def __init__(self, name, port, weight_bp, generation, route_index, slot_limit=0, opt_in=False):
         self.name = name
+        self.opt_in = bool(opt_in)
         self.port = port
         self.weight_bp = weight_bp
         self.generation = generation
@@ -132,12 +191,12 @@ class Route:
 
     def __repr__(self):
         return (
-            "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d, slot_limit=%d)"
-            % self.as_tuple()
+            "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d, slot_limit=%d%s)"
+            % (*self.as_tuple()[:6], ", opt_in=True" if self.opt_in else "")
         )
 
     def as_tuple(self):
-        return (
+        fields = (
             self.name,
             self.port,
             self.weight_bp,
@@ -145,6 +204,7 @@ class Route:
             self.route_index,
             self.slot_limit,
         )
+        return (*fields, True) if self.opt_in else fields
 
     def replace(self, **changes):
         """A copy with some fields changed."""
@@ -187,6 +247,106 @@ def decode_route(raw):
         route_index,
         slot_limit,
     )
+
+
+def encode_weight_word(weight_bp, opt_in=False):
+    """The 4 bytes of a zl_weights value: the weight, and the opt-in bit when enabled."""
+    return WEIGHT_VALUE.pack(weight_bp | (WEIGHT_OPT_IN if opt_in else 0))
+
+
+def decode_weight_word(raw):
+    """(weight_bp, opt_in) of a zl_weights value."""
+    (word,) = WEIGHT_VALUE.unpack(raw[: WEIGHT_VALUE.size])
+    return word & WEIGHT_BP_MASK, bool(word & WEIGHT_OPT_IN)
+
+
+def cohort_map_name(network):
+    """The trie that holds network (an ipaddress network): zl_cohorts_v4 or zl_cohorts_v6."""
+    return "zl_cohorts_v4" if network.version == 4 else "zl_cohorts_v6"
+
+
+def encode_cohort_key(route_index, network):
+    """The trie key of network on route route_index: the route index's bits, then the prefix."""
+    key = COHORT_KEY_V4 if network.version == 4 else COHORT_KEY_V6
+    return key.pack(
+        COHORT_INDEX_BITS + network.prefixlen, route_index, network.network_address.packed
+    )
+
+
+def decode_cohort_key(raw):
+    """(route_index, ipaddress network) of a trie key (v4 or v6, told by its size)."""
+    key = COHORT_KEY_V4 if len(raw) == COHORT_KEY_V4.size else COHORT_KEY_V6
+    prefixlen, route_index, address = key.unpack(raw)
+    network = ipaddress.ip_network(
+        (ipaddress.ip_address(address), prefixlen - COHORT_INDEX_BITS), strict=False
+    )
+    return route_index, network
+
+
+def parse_cohort(value, field):
+    """A list of CIDRs (IPv4 or IPv6, no host bits set) as a sorted list of networks.
+
+    A bare address is its own /32 or /128. Refuses anything else naming field and the
+    allowed values; duplicates are kept once.
+    """
+    allowed = (
+        "a list of IPv4 or IPv6 networks in CIDR notation with no host bits set, e.g. "
+        "['10.1.0.0/16', '192.0.2.7/32', '2001:db8::/48'], or [] for none"
+    )
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise FleetError(
+            "%s must be %s; got %r" % (field, allowed, value),
+            {"field": field, "value": repr(value)},
+        )
+    networks = set()
+    for item in value:
+        if not isinstance(item, str):
+            raise FleetError(
+                "%s must be %s; got %r in it" % (field, allowed, item),
+                {"field": field, "value": repr(item)},
+            )
+        try:
+            network = ipaddress.ip_network(item.strip(), strict=True)
+        except ValueError as exc:
+            raise FleetError(
+                "%s must be %s; got %r (%s)" % (field, allowed, item, exc),
+                {"field": field, "value": item},
+            ) from None
+        networks.add(network)
+    return sorted(networks, key=lambda n: (n.version, n.network_address, n.prefixlen))
+
+
+def check_cohorts(always, never, entries_by_family=None):
+    """Refuse a prefix in both lists (or covered by a never_direct one), or more entries per
+    family than a trie holds.
+
+    entries_by_family: {4: n, 6: n}, the entries the tries would hold in all after the
+    write (the other routes' included); None: only these two lists are counted.
+    """
+    # The trie answers with the longest prefix: an always_direct prefix inside a never_direct
+    # one would win over it there. never_direct must win, so such a prefix is refused (a
+    # never_direct prefix inside an always_direct one is fine: it is the longer).
+    shadowed = [(a, n) for a in always for n in never if a.version == n.version and a.subnet_of(n)]
+    if shadowed:
+        raise FleetError(
+            "always_direct must hold no prefix that never_direct holds or covers (never_direct "
+            "wins); got %s. Allowed: prefixes outside every never_direct prefix, or wider ones "
+            "(a never_direct prefix inside an always_direct one stays on the proxy)"
+            % ", ".join("%s (in never_direct %s)" % (a, n) for a, n in shadowed),
+            {"field": "always_direct", "value": [str(a) for a, _n in shadowed]},
+        )
+    if entries_by_family is None:
+        entries_by_family = {
+            version: sum(1 for n in [*always, *never] if n.version == version) for version in (4, 6)
+        }
+    for version, count in sorted(entries_by_family.items()):
+        if count > MAX_COHORT_ENTRIES:
+            raise FleetError(
+                "always_direct and never_direct would hold %d IPv%d prefixes on this node "
+                "(every route together); the router holds at most %d per family: use wider "
+                "prefixes" % (count, version, MAX_COHORT_ENTRIES),
+                {"field": "always_direct", "value": count, "max": MAX_COHORT_ENTRIES},
+            )
 
 
 def encode_port(port):

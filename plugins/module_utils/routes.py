@@ -6,6 +6,11 @@ A weight change is one BPF_MAP_UPDATE_ELEM of the route's 4-byte weight in zl_we
 (layout 1 kept it in the route's entry): a connection sees the old weight or the new one.
 Every check runs before the first write, so bad input changes nothing.
 
+Since layout 3 a route also has two client sets by source CIDR, its cohorts (zl_cohorts_v4
+and zl_cohorts_v6): never_direct (the proxy at any weight) and always_direct (an engine at
+any weight, while the route's weight word carries the opt-in bit). The weight and the
+opt-in bit are one 4-byte word, so the blind 0 of a rollback clears both in one write.
+
 Writers hold the router's writer lock; a fast rollback does not wait for it. It raises
 the node's fence and writes 0 into every weight, blind. A writer whose critical section
 saw the fence rise under it (it may have written a weight after the rollback's zero)
@@ -28,6 +33,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     store_epoch_reader,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    COHORT_COUNTERS_MAP,
+    COHORTS_V4_MAP,
+    COHORTS_V6_MAP,
     COUNTERS_MAP,
     FAMILIES_MAP,
     ROUTES_MAP,
@@ -39,6 +47,13 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     writer_lock,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    COHORT_ALWAYS_DIRECT,
+    COHORT_COUNTERS_VALUE,
+    COHORT_KEY_V4,
+    COHORT_KEY_V6,
+    COHORT_NEVER_DIRECT,
+    COHORT_SETS,
+    COHORT_VALUE,
     COUNTERS_VALUE,
     FAMILIES_VALUE,
     MAX_ROUTES,
@@ -47,9 +62,16 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     ROUTE_VALUE,
     WEIGHT_VALUE,
     Route,
+    check_cohorts,
+    cohort_map_name,
+    decode_cohort_key,
     decode_route,
+    decode_weight_word,
+    encode_cohort_key,
     encode_port,
     encode_route,
+    encode_weight_word,
+    parse_cohort,
     parse_weight,
     socket_key,
     validate_port,
@@ -73,17 +95,62 @@ def read_routes(layout):
     routes = read_route_entries(layout)
     if has_map(layout, WEIGHTS_MAP):
         with opened_map(layout, WEIGHTS_MAP, read_only=True) as fd:
-            routes = [
-                route.replace(
-                    weight_bp=WEIGHT_VALUE.unpack(
-                        bpf_syscall.map_lookup(
-                            fd, PORT_KEY.pack(route.route_index), WEIGHT_VALUE.size
-                        )
-                    )[0]
+            words = [
+                decode_weight_word(
+                    bpf_syscall.map_lookup(fd, PORT_KEY.pack(route.route_index), WEIGHT_VALUE.size)
                 )
                 for route in routes
             ]
+        routes = [
+            route.replace(weight_bp=weight_bp, opt_in=opt_in)
+            for route, (weight_bp, opt_in) in zip(routes, words)
+        ]
     return sorted(routes, key=lambda route: route.port)
+
+
+COHORT_MAPS = (COHORTS_V4_MAP, COHORTS_V6_MAP)
+_COHORT_KEYS = {COHORTS_V4_MAP: COHORT_KEY_V4, COHORTS_V6_MAP: COHORT_KEY_V6}
+
+
+def has_cohorts(layout):
+    """Whether the pins have the cohort maps (layout 3)."""
+    return has_map(layout, COHORTS_V4_MAP)
+
+
+def read_cohort_entries(layout):
+    """Every trie entry: [(route_index, network, COHORT_* value)] (both families)."""
+    entries = []
+    if not has_cohorts(layout):
+        return entries
+    for name in COHORT_MAPS:
+        key_size = _COHORT_KEYS[name].size
+        with opened_map(layout, name, read_only=True) as fd:
+            for key in bpf_syscall.map_keys(fd, key_size):
+                raw = bpf_syscall.map_lookup(fd, key, COHORT_VALUE.size)
+                if raw is not None:
+                    route_index, network = decode_cohort_key(key)
+                    entries.append((route_index, network, COHORT_VALUE.unpack(raw)[0]))
+    return entries
+
+
+def route_cohorts(route, entries):
+    """{always_direct: [CIDR], never_direct: [CIDR]} of route as the program applies them:
+    its always_direct entries only while its weight word has the opt-in bit (a rollback's
+    0 clears it; the entries left behind apply no more and the next writer removes them)."""
+    sets = {"always_direct": [], "never_direct": []}
+    if route is None:
+        return sets
+    for route_index, network, value in entries:
+        if route_index != route.route_index or value not in COHORT_SETS:
+            continue
+        if value == COHORT_ALWAYS_DIRECT and not route.opt_in:
+            continue
+        sets[COHORT_SETS[value]].append(network)
+    return {name: [str(n) for n in sorted(nets, key=_network_order)] for name, nets in sets.items()}
+
+
+def _network_order(network):
+    return (network.version, network.network_address, network.prefixlen)
 
 
 def roll_back_weights(layout, names=None):
@@ -120,7 +187,10 @@ def roll_back_and_read(layout, names=None, settle_s=ROLLBACK_SETTLE_S):
     failures = roll_back_weights(layout, names)
     while True:
         confirmed = read_routes(layout)
-        if all(route.weight_bp == 0 for route in confirmed) or time.monotonic() >= deadline:
+        if (
+            all(route.weight_bp == 0 and not route.opt_in for route in confirmed)
+            or time.monotonic() >= deadline
+        ):
             return failures, confirmed
         time.sleep(0.005)
         failures = roll_back_weights(layout, names)
@@ -129,6 +199,7 @@ def roll_back_and_read(layout, names=None, settle_s=ROLLBACK_SETTLE_S):
 def zero_weights(layout):
     """Weight 0 on every route index, one blind 4-byte write each, taking no lock; then
     the direct-drain marker, so that the engines end their pooled direct connections.
+    The same write clears the opt-in bit: the always_direct cohort goes with the weight.
 
     Every index, not only the routes read a moment ago: a route created meanwhile starts
     at 0 as well. Returns False on pins of layout 1 (no zl_weights: use set_route).
@@ -170,7 +241,9 @@ def _write_route(layout, entry, new):
     if has_map(layout, WEIGHTS_MAP):
         with opened_map(layout, WEIGHTS_MAP) as fd:
             bpf_syscall.map_update(
-                fd, PORT_KEY.pack(entry.route_index), WEIGHT_VALUE.pack(entry.weight_bp)
+                fd,
+                PORT_KEY.pack(entry.route_index),
+                encode_weight_word(entry.weight_bp, entry.opt_in),
             )
         stored = entry.replace(weight_bp=0)  # the entry's legacy weight field stays 0
     else:
@@ -225,6 +298,35 @@ def _reset_route_slots_and_counters(layout, route_index):
                 bpf_syscall.map_update(
                     families_fd, socket_key(route_index, slot), FAMILIES_VALUE.pack(0)
                 )
+    if has_cohorts(layout):
+        stale = [(i, n) for i, n, _value in read_cohort_entries(layout) if i == route_index]
+        _delete_cohort_entries(layout, stale)
+        with opened_map(layout, COHORT_COUNTERS_MAP) as fd:
+            zeroes = COHORT_COUNTERS_VALUE.pack(0, 0) * bpf_syscall.possible_cpus()
+            bpf_syscall.map_update(fd, PORT_KEY.pack(route_index), zeroes)
+
+
+def _delete_cohort_entries(layout, entries):
+    """Delete [(route_index, network)] from the tries (gone already: nothing to do)."""
+    for name in COHORT_MAPS:
+        keys = [encode_cohort_key(i, n) for i, n in entries if cohort_map_name(n) == name]
+        if keys:
+            with opened_map(layout, name) as fd:
+                for key in keys:
+                    bpf_syscall.map_delete(fd, key)
+
+
+def _write_cohort_entries(layout, route_index, always, never):
+    """Insert or overwrite the route's entries (each a single atomic trie update)."""
+    wanted = [(n, COHORT_ALWAYS_DIRECT) for n in always] + [(n, COHORT_NEVER_DIRECT) for n in never]
+    for name in COHORT_MAPS:
+        items = [(n, value) for n, value in wanted if cohort_map_name(n) == name]
+        if items:
+            with opened_map(layout, name) as fd:
+                for network, value in items:
+                    bpf_syscall.map_update(
+                        fd, encode_cohort_key(route_index, network), COHORT_VALUE.pack(value)
+                    )
 
 
 def plan_route(routes, name, port=None, weight=None):
@@ -263,26 +365,129 @@ def plan_route(routes, name, port=None, weight=None):
     return current.replace(weight_bp=weight_bp, generation=current.generation + 1)
 
 
-def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None):
-    """Create route name, or change its weight; returns changed/before/after (Route or None).
+def _parse_cohorts(layout, always_direct, never_direct):
+    """(always, never) as sorted networks, None where not given; validated before any read."""
+    always = parse_cohort(always_direct, "always_direct") if always_direct is not None else None
+    never = parse_cohort(never_direct, "never_direct") if never_direct is not None else None
+    if (always is not None or never is not None) and not has_cohorts(layout):
+        field = "always_direct" if always is not None else "never_direct"
+        raise FleetError(
+            "%s: the pins under %s are of a layout without cohorts; attach the router "
+            "(zerolayer.fleet.router state=attached) to upgrade them to layout 3. Nothing was "
+            "written" % (field, layout.pin_dir),
+            {"field": field},
+        )
+    return always, never
+
+
+def _plan_cohorts(layout, routes, name, before, port, always, never):
+    """(cohorts now, cohorts after, the entries' networks now) of route name.
+
+    cohorts: {always_direct: [network], never_direct: [network]} as the program applies
+    them; given lists replace, None keeps. Refuses a cohort on a route that does not exist
+    (and is not created here), a prefix in both lists, or more entries than the tries hold.
+    """
+    if before is None and port is None and (always is not None or never is not None):
+        field = "always_direct" if always is not None else "never_direct"
+        known = ", ".join(route.name for route in routes) or "none"
+        raise FleetError(
+            "%s: route %r does not exist under %s (known routes: %s); give port to create it, "
+            "or name a known route. Nothing was written" % (field, name, layout.pin_dir, known),
+            {"field": field, "route": name},
+        )
+    entries = read_cohort_entries(layout)
+    now = {"always_direct": [], "never_direct": []}
+    own = []
+    if before is not None:
+        own = [(i, n) for i, n, _v in entries if i == before.route_index]
+        for key, cidrs in route_cohorts(before, entries).items():
+            now[key] = [_network(c) for c in cidrs]
+    after = {
+        "always_direct": always if always is not None else now["always_direct"],
+        "never_direct": never if never is not None else now["never_direct"],
+    }
+    mine = {(i, n) for i, n in own}
+    others = [n for i, n, _v in entries if (i, n) not in mine]
+    counts = {
+        version: sum(
+            1
+            for n in [*others, *after["always_direct"], *after["never_direct"]]
+            if n.version == version
+        )
+        for version in (4, 6)
+    }
+    check_cohorts(after["always_direct"], after["never_direct"], counts)
+    return now, after, own
+
+
+def _network(cidr):
+    return parse_cohort([cidr], "cohort")[0]
+
+
+def _cohort_strings(cohorts):
+    return {key: [str(n) for n in nets] for key, nets in cohorts.items()}
+
+
+def set_route(
+    layout,
+    name,
+    port=None,
+    weight=None,
+    check_mode=False,
+    epoch=None,
+    always_direct=None,
+    never_direct=None,
+):
+    """Create route name, or change its weight or cohorts; returns changed/before/after
+    (Route or None) and cohorts_before/cohorts_after ({always_direct, never_direct}).
 
     epoch is the writer's fence epoch (None: it carries none); a write that raises the
-    weight with an epoch older than the node's fence, or above the rollout store's, is
-    refused (fence.admit). warnings: what the write could not check (the store down).
+    weight, adds to the opt-in cohort or takes from the opt-out one with an epoch older
+    than the node's fence, or above the rollout store's, is refused (fence.admit).
+    always_direct/never_direct: lists of CIDRs that replace the route's ([] clears; None
+    keeps). warnings: what the write could not check (the store down).
     """
     require_maps(layout)
+    always, never = _parse_cohorts(layout, always_direct, never_direct)
     warnings = []
     with fenced_writer(layout, "route %r" % name, epoch):
         routes = read_routes(layout)
         before = find_route(routes, name)
         entry = plan_route(routes, name, port, weight)
+        cohorts_before = cohorts_after = own = None
+        if has_cohorts(layout):
+            cohorts_before, cohorts_after, own = _plan_cohorts(
+                layout, routes, name, before, port, always, never
+            )
+            base = entry or before
+            opt_in = bool(cohorts_after["always_direct"])
+            if base is not None and (cohorts_after != cohorts_before or base.opt_in != opt_in):
+                entry = base.replace(
+                    opt_in=opt_in,
+                    generation=base.generation + (1 if entry is None else 0),
+                )
+        result = {
+            "changed": entry is not None,
+            "before": before,
+            "after": entry or before,
+            "warnings": warnings,
+            "cohorts_before": _cohort_strings(cohorts_before)
+            if before is not None and cohorts_before is not None
+            else None,
+            "cohorts_after": _cohort_strings(cohorts_after) if cohorts_after else None,
+        }
         if entry is None:
-            return {"changed": False, "before": before, "after": before, "warnings": warnings}
+            return result
+        opens = cohorts_before is not None and (
+            set(cohorts_after["always_direct"]) - set(cohorts_before["always_direct"])
+            or set(cohorts_before["never_direct"]) - set(cohorts_after["never_direct"])
+        )
         admit(
             layout.fence_file,
             epoch,
-            entry.weight_bp > (before.weight_bp if before is not None else 0),
-            "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
+            entry.weight_bp > (before.weight_bp if before is not None else 0) or bool(opens),
+            "weight %s%% on route %r%s"
+            % (entry.as_dict()["weight"], name, " with its cohorts" if opens else ""),
             check_mode,
             store_epoch=store_epoch_reader(layout.store_config),
             warnings=warnings,
@@ -290,7 +495,30 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
         if not check_mode:
             if before is None:
                 _reset_route_slots_and_counters(layout, entry.route_index)
-            _write_route(layout, entry, new=before is None)
+            if cohorts_after is None:
+                _write_route(layout, entry, new=before is None)
+            else:
+                # The order a reader sees: first the new entries (an added prefix, or one that
+                # moves between the lists, is one atomic trie update each; a new opt-in entry
+                # applies only once the opt-in bit is set, unless the route had it already),
+                # then the weight word (weight and opt-in bit in one write: the switch),
+                # then the stale entries go. A reader never finds a prefix of the new lists
+                # missing after the switch; until the deletes, a stale opt-out prefix keeps
+                # its clients on the proxy a moment longer (the safe side), and a stale
+                # opt-in one, where the bit stays set, sends its clients direct a moment
+                # longer, as before the write.
+                _write_cohort_entries(
+                    layout,
+                    entry.route_index,
+                    cohorts_after["always_direct"],
+                    cohorts_after["never_direct"],
+                )
+                _write_route(layout, entry, new=before is None)
+                keep = {
+                    (entry.route_index, n)
+                    for n in [*cohorts_after["always_direct"], *cohorts_after["never_direct"]]
+                }
+                _delete_cohort_entries(layout, [e for e in own if e not in keep])
             direct_drain.note_weight(
                 layout,
                 entry.port,
@@ -299,7 +527,7 @@ def set_route(layout, name, port=None, weight=None, check_mode=False, epoch=None
                 "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
                 epoch,
             )
-        return {"changed": True, "before": before, "after": entry, "warnings": warnings}
+        return result
 
 
 def fence_routes(layout, epoch=None, action="fast rollback"):

@@ -40,6 +40,28 @@ options:
         (stored as basis points, so V(12.34) is 1234 bp). An integer, a float or a string.
       - Defaults to 0 when the route is created; left unchanged when omitted for an existing route.
     type: raw
+  always_direct:
+    description:
+      - The route's opt-in cohort - client networks (source CIDRs, IPv4 or IPv6, no host bits set,
+        e.g. V(10.1.0.0/16) or V(2001:db8::/48)) whose new connections go to the engine at any
+        weight while the route has a live engine socket (else to the proxy).
+      - V([]) clears it; left unchanged when omitted. Replaces the whole list.
+      - Adding to it sends more traffic direct, so it is fenced like a weight raise (O(epoch)).
+        A fast rollback clears it together with the weight, in the same single map write.
+      - A prefix that O(never_direct) holds or covers is refused (O(never_direct) wins). At most
+        1024 prefixes per address family on the node, every route's lists together.
+    type: list
+    elements: str
+    version_added: 0.3.0
+  never_direct:
+    description:
+      - The route's opt-out cohort - client networks (source CIDRs, as O(always_direct)) whose new
+        connections go to the proxy at any weight. Wins over O(always_direct) and the weight.
+      - V([]) clears it (fenced like a weight raise, as that sends more traffic direct); left
+        unchanged when omitted. Replaces the whole list. A rollback leaves it in place.
+    type: list
+    elements: str
+    version_added: 0.3.0
   state:
     description: Whether the route should exist.
     type: str
@@ -71,6 +93,17 @@ EXAMPLES = r"""
     name: chat
     weight: 0
 
+- name: Staff networks always straight to the engine, one customer network never
+  zerolayer.fleet.route:
+    name: chat
+    always_direct: [10.20.0.0/16, "2001:db8:20::/48"]
+    never_direct: [198.51.100.0/24]
+
+- name: Clear the opt-in cohort
+  zerolayer.fleet.route:
+    name: chat
+    always_direct: []
+
 - name: Remove the route
   zerolayer.fleet.route:
     name: chat
@@ -101,19 +134,33 @@ route:
     route_index:
       description: Index of the route's engine slots and counters.
       type: int
-  sample: {name: chat, port: 8080, weight: 5, weight_bp: 500, generation: 3, route_index: 0}
+    opt_in:
+      description: Whether the route's O(always_direct) cohort applies (the opt-in bit of its
+        weight word; a rollback clears it).
+      type: bool
+    always_direct:
+      description: The opt-in cohort's networks (empty on pins without cohorts).
+      type: list
+      elements: str
+    never_direct:
+      description: The opt-out cohort's networks (empty on pins without cohorts).
+      type: list
+      elements: str
+  sample: {name: chat, port: 8080, weight: 5, weight_bp: 500, generation: 3, route_index: 0,
+    opt_in: true, always_direct: [10.20.0.0/16], never_direct: []}
 before:
-  description: Weight (percent and basis points) and generation before the change; null if the route
-    did not exist.
+  description: Weight (percent and basis points), generation and cohorts before the change; null if
+    the route did not exist.
   returned: always
   type: dict
-  sample: {weight: 1, weight_bp: 100, generation: 2}
+  sample: {weight: 1, weight_bp: 100, generation: 2, always_direct: [], never_direct: []}
 after:
-  description: Weight (percent and basis points) and generation after the change; null if the route
-    is absent.
+  description: Weight (percent and basis points), generation and cohorts after the change; null if
+    the route is absent.
   returned: always
   type: dict
-  sample: {weight: 5, weight_bp: 500, generation: 3}
+  sample: {weight: 5, weight_bp: 500, generation: 3, always_direct: [10.20.0.0/16],
+    never_direct: []}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -128,15 +175,26 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import remove_route, set_route
 
 
-def _summary(route):
+def _summary(route, cohorts):
     if route is None:
         return None
     data = route.as_dict()
-    return {
+    summary = {
         "weight": data["weight"],
         "weight_bp": data["weight_bp"],
         "generation": data["generation"],
     }
+    summary.update(cohorts or {"always_direct": [], "never_direct": []})
+    return summary
+
+
+def _full(route, cohorts):
+    if route is None:
+        return None
+    data = route.as_dict()
+    data["opt_in"] = route.opt_in
+    data.update(cohorts or {"always_direct": [], "never_direct": []})
+    return data
 
 
 def main():
@@ -147,6 +205,8 @@ def main():
             weight=dict(type="raw"),
             state=dict(type="str", choices=["present", "absent"], default="present"),
             epoch=dict(type="int"),
+            always_direct=dict(type="list", elements="str"),
+            never_direct=dict(type="list", elements="str"),
             **layout_options(),
         ),
         supports_check_mode=True,
@@ -162,6 +222,8 @@ def main():
                 params["weight"],
                 module.check_mode,
                 epoch=params["epoch"],
+                always_direct=params["always_direct"],
+                never_direct=params["never_direct"],
             )
         else:
             result = remove_route(layout, params["name"], module.check_mode)
@@ -172,16 +234,18 @@ def main():
         module.warn(warning)
 
     after = result["after"]
+    cohorts_before = result.get("cohorts_before")
+    cohorts_after = result.get("cohorts_after") if after is not None else None
     output = {
         "changed": result["changed"],
-        "route": after.as_dict() if after is not None else None,
-        "before": _summary(result["before"]),
-        "after": _summary(after),
+        "route": _full(after, cohorts_after),
+        "before": _summary(result["before"], cohorts_before),
+        "after": _summary(after, cohorts_after),
     }
     if module._diff:
         output["diff"] = {
-            "before": result["before"].as_dict() if result["before"] is not None else {},
-            "after": after.as_dict() if after is not None else {},
+            "before": _full(result["before"], cohorts_before) or {},
+            "after": _full(after, cohorts_after) or {},
         }
     module.exit_json(**output)
 

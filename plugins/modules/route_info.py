@@ -108,8 +108,23 @@ routes:
       type: dict
     counters:
       description: lookups, to_engine, to_proxy_by_weight, fallback_no_socket and assign_errors,
-        summed over CPUs.
+        summed over CPUs; on pins with cohorts also to_engine_opt_in (the always_direct cohort's
+        connections handed to an engine, a part of to_engine) and to_proxy_opt_out (the
+        never_direct cohort's connections, left to the proxy).
       type: dict
+    opt_in:
+      description: Whether the route's always_direct cohort applies (the opt-in bit of its weight
+        word; a rollback clears it with the weight).
+      type: bool
+    always_direct:
+      description: The route's opt-in cohort (source CIDRs) as the router applies it; returned on
+        pins with cohorts only.
+      type: list
+      elements: str
+    never_direct:
+      description: The route's opt-out cohort (source CIDRs); returned on pins with cohorts only.
+      type: list
+      elements: str
   sample:
     - name: chat
       port: 8080
@@ -120,7 +135,10 @@ routes:
       slot_limit: 1
       slots: {"0": 16451}
       counters: {lookups: 2000, to_engine: 97, to_proxy_by_weight: 1903, fallback_no_socket: 0,
-        assign_errors: 0}
+        assign_errors: 0, to_engine_opt_in: 0, to_proxy_opt_out: 0}
+      opt_in: false
+      always_direct: []
+      never_direct: []
 latency:
   description: Decision time of routed lookups - count, p50_ns, p99_ns and the non-empty log2
     buckets; null when the maps are not pinned. The program times one decision in

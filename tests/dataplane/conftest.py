@@ -216,9 +216,14 @@ class Netns:
             except (ProcessLookupError, ChildProcessError):
                 pass
 
-    def clients(self, port=SERVICE_PORT, count=0, source_ports=(), host="127.0.0.1"):
-        """Run http_client.py in the netns and return its JSON report."""
+    def clients(
+        self, port=SERVICE_PORT, count=0, source_ports=(), host="127.0.0.1", source_host=None
+    ):
+        """Run http_client.py in the netns and return its JSON report (source_host: the
+        clients' own address, e.g. 127.0.0.2)."""
         argv = [sys.executable, CLIENT, str(port), "--count", str(count), "--host", host]
+        if source_host:
+            argv += ["--source-host", source_host]
         for source_port in source_ports:
             argv += ["--source-port", str(source_port)]
         return json.loads(self.run(argv, timeout=300).stdout)

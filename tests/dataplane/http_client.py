@@ -14,6 +14,8 @@ is left on either side, so ports can be reused at once and never run out.
                                                    say which path a failed one would take)
     --host H                                       server (and source) address, default
                                                    127.0.0.1; ::1 for IPv6
+    --source-host S                                bind each connection to source address S
+                                                   (a client of a cohort, e.g. 127.0.0.2)
 Prints one JSON object: {"served": {body: count}, "errors": n, "error_samples": [...],
 "by_source_port": {port: [body, ...]}, "failed_source_ports": [port, ...]} (the last: with
 --port-range, every failed connection's source port).
@@ -30,15 +32,15 @@ import sys
 REQUEST = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
 
 
-def fetch(host, port, source_port=None):
+def fetch(host, port, source_port=None, source_host=None):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.settimeout(10)
-        if source_port is not None:
+        if source_port is not None or source_host is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, source_port))
+            sock.bind((source_host or host, source_port or 0))
         sock.connect((host, port))
         sock.sendall(REQUEST)
         chunks = []
@@ -64,6 +66,7 @@ def main():
     parser.add_argument("--until-file")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port-range")
+    parser.add_argument("--source-host")
     args = parser.parse_args()
 
     served, errors, samples, by_source, failed_ports = {}, 0, [], {}, []
@@ -77,7 +80,7 @@ def main():
         if cycle is not None:
             source_port = next(cycle)
         try:
-            body = fetch(args.host, args.port, source_port)
+            body = fetch(args.host, args.port, source_port, args.source_host)
         except (OSError, RuntimeError) as exc:
             errors += 1
             if len(samples) < 5:

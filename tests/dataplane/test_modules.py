@@ -54,7 +54,13 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
     assert oct(os.stat(layout.pin_dir).st_mode & 0o777) == "0o700"
 
     created = ansible("route", name="svc", port=SERVICE_PORT, weight=0, **pin)
-    assert created["changed"] and created["after"] == {"weight": 0, "weight_bp": 0, "generation": 1}
+    assert created["changed"] and created["after"] == {
+        "weight": 0,
+        "weight_bp": 0,
+        "generation": 1,
+        "always_direct": [],
+        "never_direct": [],
+    }
 
     registered = ansible(
         "engine_socket", route="svc", pid=engine.pid, listen_port=ENGINE_PORT, **pin
@@ -69,8 +75,9 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
     assert netns.clients(count=200)["served"] == {"proxy": 200}  # check mode wrote nothing
 
     raised = ansible("route", name="svc", weight="100", **pin)
-    assert raised["before"] == {"weight": 0, "weight_bp": 0, "generation": 2}
-    assert raised["after"] == {"weight": 100, "weight_bp": 10000, "generation": 3}
+    no_cohorts = {"always_direct": [], "never_direct": []}
+    assert raised["before"] == {"weight": 0, "weight_bp": 0, "generation": 2, **no_cohorts}
+    assert raised["after"] == {"weight": 100, "weight_bp": 10000, "generation": 3, **no_cohorts}
     assert netns.clients(count=200)["served"] == {"engine": 200}
 
     info = ansible("route_info", **pin)

@@ -84,7 +84,7 @@ def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
     from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAP_SPECS
 
     names = [spec.name for spec in MAP_SPECS]
-    assert len(set(names)) == len(names) == 7
+    assert len(set(names)) == len(names) == 10
     assert all(len(name) <= 15 for name in names)  # BPF_OBJ_NAME_LEN 16, NUL included
     assert [spec.name for spec in MAP_SPECS if spec.since_layout == 1] == [
         "zl_routes",
