@@ -387,14 +387,7 @@ def _plan_cohorts(layout, routes, name, before, port, always, never):
     them; given lists replace, None keeps. Refuses a cohort on a route that does not exist
     (and is not created here), a prefix in both lists, or more entries than the tries hold.
     """
-    if before is None and port is None and (always is not None or never is not None):
-        field = "always_direct" if always is not None else "never_direct"
-        known = ", ".join(route.name for route in routes) or "none"
-        raise FleetError(
-            "%s: route %r does not exist under %s (known routes: %s); give port to create it, "
-            "or name a known route. Nothing was written" % (field, name, layout.pin_dir, known),
-            {"field": field, "route": name},
-        )
+    _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never)
     entries = read_cohort_entries(layout)
     now = {"always_direct": [], "never_direct": []}
     own = []
@@ -418,6 +411,17 @@ def _plan_cohorts(layout, routes, name, before, port, always, never):
     }
     check_cohorts(after["always_direct"], after["never_direct"], counts)
     return now, after, own
+
+
+def _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never):
+    if before is None and port is None and (always is not None or never is not None):
+        field = "always_direct" if always is not None else "never_direct"
+        known = ", ".join(route.name for route in routes) or "none"
+        raise FleetError(
+            "%s: route %r does not exist under %s (known routes: %s); give port to create it, "
+            "or name a known route. Nothing was written" % (field, name, layout.pin_dir, known),
+            {"field": field, "route": name},
+        )
 
 
 def _network(cidr):
@@ -453,6 +457,7 @@ def set_route(
     with fenced_writer(layout, "route %r" % name, epoch):
         routes = read_routes(layout)
         before = find_route(routes, name)
+        _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never)
         entry = plan_route(routes, name, port, weight)
         cohorts_before = cohorts_after = own = None
         if has_cohorts(layout):
