@@ -421,3 +421,35 @@ def test_pins_of_layout_2_keep_working_and_an_attach_adds_the_cohorts(
     set_route(layout, "svc", weight=0, always_direct=[OPT_IN], never_direct=[OPT_OUT], epoch=1)
     assert served_from(netns, OPT_IN) == {"engine": COUNT}
     assert served_from(netns, OTHER) == {"proxy": COUNT}
+
+
+def test_the_modules_set_and_return_the_cohorts_with_check_mode_and_diff(routed, netns):
+    from .test_modules import ansible
+
+    pin = {"pin_dir": routed.pin_dir, "fence_file": routed.fence_file}
+    before = maps_bytes(routed)
+    preview = ansible("route", name="svc", always_direct=OPT_IN + "/32", _check=True, **pin)
+    assert preview["changed"], preview
+    assert preview["diff"]["before"]["always_direct"] == []
+    assert preview["diff"]["after"]["always_direct"] == ["127.0.0.2/32"]
+    assert preview["diff"]["after"]["opt_in"] is True
+    assert maps_bytes(routed) == before  # check mode wrote nothing
+
+    done = ansible(
+        "route", name="svc", always_direct=OPT_IN + "/32", never_direct=OPT_OUT + "/32", **pin
+    )
+    assert done["changed"] and done["after"]["never_direct"] == ["127.0.0.3/32"], done
+    assert done["route"]["opt_in"] is True, done
+    again = ansible("route", name="svc", always_direct=OPT_IN + "/32", **pin)
+    assert again["changed"] is False, again
+    assert served_from(netns, OPT_IN) == {"engine": COUNT}
+
+    refused = ansible("route", name="svc", always_direct="10.0.0.1/8", **pin)
+    assert refused.get("failed") and refused["field"] == "always_direct", refused
+    assert "no host bits set" in refused["msg"], refused
+
+    info = ansible("route_info", name="svc", **pin)
+    (route,) = info["routes"]
+    assert route["always_direct"] == ["127.0.0.2/32"], route
+    assert route["never_direct"] == ["127.0.0.3/32"], route
+    assert route["counters"]["to_engine_opt_in"] == COUNT, route
