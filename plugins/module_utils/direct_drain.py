@@ -158,6 +158,17 @@ def note_engine_replaced(layout, port, weight_bp, reason, epoch=None):
     """A route's engine socket was replaced (an engine upgrade's swap): the direct
     connections made before it, which the old engine holds, leave and are decided again;
     the weight stays as it is. Returns whether the marker was written."""
+    return _note_redecide(layout, port, weight_bp, reason, epoch)
+
+
+def note_cohort_lowered(layout, port, weight_bp, reason, epoch=None):
+    """A route's cohorts now send fewer clients direct (an opt-in prefix gone, an opt-out one
+    added) at the same weight: its direct connections made before now leave and are decided
+    again. Returns whether the marker was written."""
+    return _note_redecide(layout, port, weight_bp, reason, epoch)
+
+
+def _note_redecide(layout, port, weight_bp, reason, epoch):
     epoch = _epoch_of(layout, epoch)
 
     def change(marker, now):

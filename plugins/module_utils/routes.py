@@ -424,6 +424,16 @@ def _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never
         )
 
 
+def _closes(before, after):
+    """Whether cohorts after send some client to the proxy that before sent direct."""
+    if before is None or after is None:
+        return False
+    return bool(
+        set(before["always_direct"]) - set(after["always_direct"])
+        or set(after["never_direct"]) - set(before["never_direct"])
+    )
+
+
 def _network(cidr):
     return parse_cohort([cidr], "cohort")[0]
 
@@ -532,6 +542,15 @@ def set_route(
                 "weight %s%% on route %r" % (entry.as_dict()["weight"], name),
                 epoch,
             )
+            if (
+                before is not None
+                and entry.weight_bp >= before.weight_bp
+                and _closes(cohorts_before, cohorts_after)
+            ):
+                # Pooled clients of a cohort that lost the direct path leave it too.
+                direct_drain.note_cohort_lowered(
+                    layout, entry.port, entry.weight_bp, "cohorts of route %r" % name, epoch
+                )
         return result
 
 

@@ -6,6 +6,7 @@ the weight in one write. Real connections in a netns (clients bound to 127.0.0.x
 BPF_PROG_TEST_RUN for IPv6 and the per-route keys.
 """
 
+import json
 import os
 import socket
 import struct
@@ -131,6 +132,10 @@ def test_opt_in_goes_direct_at_0_opt_out_stays_on_the_proxy_at_100(routed, netns
     assert route_of(routed)["always_direct"] == route_of(routed)["never_direct"] == []
     assert routes.read_cohort_entries(routed) == []
     assert served_from(netns, OPT_IN) == {"proxy": COUNT}
+    # The opt-in cohort's pooled direct connections leave too (the direct-drain marker).
+    with open(routed.direct_drain_file) as handle:
+        marker = json.load(handle)
+    assert marker["ports"][str(SERVICE_PORT)]["reason"] == "cohorts of route 'svc'", marker
 
 
 def test_opt_in_without_a_live_engine_socket_goes_to_the_proxy(layout, netns, router_object, proxy):
