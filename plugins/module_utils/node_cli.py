@@ -326,7 +326,8 @@ def cmd_set_weight(args, config):
         # What the node's fence could not check (the rollout store did not answer).
         "warnings": result["warnings"],
     }
-    if result.get("cohorts_after") is not None:
+    # The cohorts only when asked about: a plain weight write prints what it always did.
+    if (always is not None or never is not None) and result.get("cohorts_after") is not None:
         output["before"].update(result["cohorts_before"] or {})
         output["after"].update(result["cohorts_after"])
         output["after"]["opt_in"] = confirmed.opt_in
