@@ -459,10 +459,16 @@ def set_route(
     weight, adds to the opt-in cohort or takes from the opt-out one with an epoch older
     than the node's fence, or above the rollout store's, is refused (fence.admit).
     always_direct/never_direct: lists of CIDRs that replace the route's ([] clears; None
-    keeps). warnings: what the write could not check (the store down).
+    keeps, except that weight 0 without always_direct clears the opt-in cohort too).
+    warnings: what the write could not check (the store down).
     """
     require_maps(layout)
     always, never = _parse_cohorts(layout, always_direct, never_direct)
+    if always is None and weight is not None and parse_weight(weight) == 0 and has_cohorts(layout):
+        # Weight 0 is how a drain (and a rollback on pins without zl_weights) sends nothing
+        # direct: it takes the opt-in cohort with it, in the same write of the weight word.
+        # Weight 0 with an opt-in cohort is asked for by giving always_direct with it.
+        always = []
     warnings = []
     with fenced_writer(layout, "route %r" % name, epoch):
         routes = read_routes(layout)

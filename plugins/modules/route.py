@@ -47,7 +47,8 @@ options:
         weight while the route has a live engine socket (else to the proxy).
       - V([]) clears it; left unchanged when omitted. Replaces the whole list.
       - Adding to it sends more traffic direct, so it is fenced like a weight raise (O(epoch)).
-        A fast rollback clears it together with the weight, in the same single map write.
+        A fast rollback clears it together with the weight, in the same single map write; so
+        does O(weight=0) given without O(always_direct) (a drain).
       - A prefix that O(never_direct) holds or covers is refused (O(never_direct) wins). At most
         1024 prefixes per address family on the node, every route's lists together.
     type: list

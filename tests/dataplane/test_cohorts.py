@@ -192,6 +192,19 @@ def test_roll_back_and_read_clears_the_opt_in_cohort(routed, netns):
     assert served_from(netns, OPT_IN) == {"proxy": COUNT}
 
 
+def test_weight_0_as_a_drain_writes_it_clears_the_opt_in_cohort_in_the_same_write(routed, netns):
+    set_route(routed, "svc", weight=30, always_direct=[OPT_IN], never_direct=[OPT_OUT])
+    assert weight_word(routed) == 3000 | WEIGHT_OPT_IN
+    result = set_route(routed, "svc", weight=0)  # the node_drain role's write
+    assert result["cohorts_after"] == {"always_direct": [], "never_direct": ["127.0.0.3/32"]}
+    assert weight_word(routed) == 0
+    assert served_from(netns, OPT_IN) == {"proxy": COUNT}
+    # Weight 0 with an opt-in cohort is asked for explicitly.
+    set_route(routed, "svc", weight=0, always_direct=[OPT_IN])
+    assert weight_word(routed) == WEIGHT_OPT_IN
+    assert served_from(netns, OPT_IN) == {"engine": COUNT}
+
+
 def test_raising_the_opt_in_cohort_with_an_old_epoch_is_refused(routed, netns):
     set_route(routed, "svc", never_direct=[OPT_OUT + "/32"])
     routes.fence_routes(routed, 5)
