@@ -399,7 +399,7 @@ def _plan_cohorts(layout, routes, name, before, port, always, never):
         "always_direct": always if always is not None else now["always_direct"],
         "never_direct": never if never is not None else now["never_direct"],
     }
-    mine = {(i, n) for i, n in own}
+    mine = set(own)
     others = [n for i, n, _v in entries if (i, n) not in mine]
     counts = {
         version: sum(

@@ -329,7 +329,7 @@ def listeners():
 def decide(layout, client, local_port=SERVICE_PORT, remote_port=40000):
     server = "fd00::1" if ":" in client else "10.0.0.1"
     with opened(layout.prog) as prog_fd:
-        _retval, ctx_out, _ = bpf_syscall.prog_test_run(
+        _retval, ctx_out, _duration = bpf_syscall.prog_test_run(
             prog_fd, sk_lookup_ctx(client, remote_port, server, local_port, 6)
         )
     return struct.unpack_from("=Q", ctx_out, 0)[0]
