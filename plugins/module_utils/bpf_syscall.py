@@ -279,6 +279,22 @@ def prog_info(prog_fd):
     }
 
 
+def prog_map_ids(prog_fd):
+    """The ids of the maps a loaded program uses (bpf_prog_info nr_map_ids, map_ids)."""
+    count = struct.unpack_from(
+        "=I", _obj_info(prog_fd, _PROG_INFO_SIZE, "reading BPF program information"), 52
+    )[0]
+    if count == 0:
+        return []
+    ids = ctypes.create_string_buffer(4 * count)
+    info = ctypes.create_string_buffer(_PROG_INFO_SIZE)
+    struct.pack_into("=IQ", info, 52, count, ctypes.addressof(ids))
+    attr = _attr(("=I", 0, prog_fd), ("=I", 4, _PROG_INFO_SIZE), ("=Q", 8, ctypes.addressof(info)))
+    bpf(BPF_OBJ_GET_INFO_BY_FD, attr, "reading the maps of a BPF program")
+    filled = min(count, struct.unpack_from("=I", info.raw, 52)[0])
+    return list(struct.unpack_from("=%dI" % filled, ids.raw, 0))
+
+
 def link_info(link_fd):
     """A link's id, program and, for a netns link, its netns inode (0 once detached)."""
     raw = _obj_info(link_fd, _LINK_INFO_SIZE, "reading BPF link information")

@@ -21,6 +21,7 @@ weight written after a rollback is 0.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
@@ -42,6 +43,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     SOCKETS_MAP,
     WEIGHTS_MAP,
     has_map,
+    opened,
     opened_map,
     require_maps,
     writer_lock,
@@ -413,6 +415,30 @@ def _plan_cohorts(layout, routes, name, before, port, always, never):
     return now, after, own
 
 
+def _require_program_with_cohorts(layout):
+    """Refuse to set an opt-in bit that the pinned program would read as a weight.
+
+    An attach adds the cohort maps before it loads the new program; where that load failed,
+    the program of layout 2 still runs on pins of layout 3, and to it bit 31 of the weight
+    word is a weight far above 100%: every connection direct. No program pinned: nothing
+    runs, and the next attach loads one that knows the bit.
+    """
+    if not os.path.exists(layout.prog):
+        return
+    with opened_map(layout, COHORTS_V4_MAP, read_only=True) as map_fd:
+        cohort_map_id = bpf_syscall.map_info(map_fd)["id"]
+    with opened(layout.prog, read_only=True) as prog_fd:
+        uses = cohort_map_id in bpf_syscall.prog_map_ids(prog_fd)
+    if not uses:
+        raise FleetError(
+            "always_direct: the program pinned at %s predates the cohorts (it does not use "
+            "zl_cohorts_v4) and would read the opt-in bit as a weight; attach the router "
+            "(zerolayer.fleet.router state=attached) to upgrade the program first. Nothing was "
+            "written" % layout.prog,
+            {"field": "always_direct", "path": layout.prog},
+        )
+
+
 def _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never):
     if before is None and port is None and (always is not None or never is not None):
         field = "always_direct" if always is not None else "never_direct"
@@ -499,6 +525,8 @@ def set_route(
         }
         if entry is None:
             return result
+        if entry.opt_in and not (before is not None and before.opt_in):
+            _require_program_with_cohorts(layout)
         opens = cohorts_before is not None and (
             set(cohorts_after["always_direct"]) - set(cohorts_before["always_direct"])
             or set(cohorts_before["never_direct"]) - set(cohorts_after["never_direct"])

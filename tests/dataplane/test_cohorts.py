@@ -24,6 +24,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets imp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import FenceRefused
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+    add_maps_of_newer_layout,
     find_bpftool,
     load_program,
 )
@@ -431,6 +432,17 @@ def test_pins_of_layout_2_keep_working_and_an_attach_adds_the_cohorts(
     failures, confirmed = routes.roll_back_and_read(layout)
     assert failures == {} and [r.weight_bp for r in confirmed] == [0]
     assert served_from(netns, OTHER) == {"proxy": COUNT}
+
+    # An attach whose program load failed after it added the maps: the layout 2 program
+    # still runs and would read the opt-in bit as a weight. Refused, nothing written.
+    add_maps_of_newer_layout(layout)
+    assert pinned_layout_version(layout) == LAYOUT_VERSION
+    before = maps_bytes(layout)
+    with pytest.raises(FleetError, match="predates the cohorts") as refused:
+        set_route(layout, "svc", always_direct=[OPT_IN], epoch=1)
+    assert refused.value.details["field"] == "always_direct"
+    assert maps_bytes(layout) == before
+    set_route(layout, "svc", never_direct=[OPT_OUT])  # no bit: the old program ignores it
 
     result = router_lifecycle.attach(layout, router_object, netns.path)
     assert any(action.startswith("upgrade program") for action in result["actions"]), result
