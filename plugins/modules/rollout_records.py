@@ -13,8 +13,8 @@ description:
     node's fence watcher then takes its node back to the proxy, whichever rollout put it on the
     direct path. V(mark_rolled_back) marks rolled back, in the store, the records whose
     weights were written at an epoch older than O(fence_epoch), whichever controller started
-    the rollout: every completed one, and every one of O(rollout_id) whatever its state (a
-    wave a person aborted keeps its outcome and gains the rollback's facts). A running or
+    the rollout. That is every completed one, and every one of O(rollout_id) whatever its
+    state (a wave a person aborted keeps its outcome and gains the rollback's facts). A running or
     paused record of another rollout is left as it is. It reads fenced, its runner stops,
     and it may be resumed on purpose under the new epoch. A record already rolled back is
     left as it is.
