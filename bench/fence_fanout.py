@@ -1,4 +1,4 @@
-"""A rollback of 1,000 and 5,000 simulated nodes: real etcd, real watches, real maps.
+"""A rollback of 1,000 to 10,000 simulated nodes: real etcd, real watches, real maps.
 
 Each simulated node is what the fence watcher needs of a node, for real: its own pinned
 router maps in a private bpffs (every map of the current layout, a route "chat" at 50 %),
@@ -32,6 +32,24 @@ The watchers run in one of two ways (--watchers; both in one run compare them si
   Reactions of the nodes of one worker therefore run one after the other, not in
   parallel threads; on one CPU threads take turns under the GIL anyway.
 
+Presence (--presence on, the default; off, or both side by side: on,off): each simulated node
+that runs a watcher keeps presence/<node> in the store as the product's watcher does, with
+the product's fence_watcher.Presence: its own lease (PRESENCE_TTL_S), renewed every
+PRESENCE_RENEW_S with one store request, let expire when its watch loop stops turning. In
+threads mode that is Watcher.run()'s own presence thread per node. In multiplexed mode one
+thread per worker calls each node's Presence.keep() when it comes due (the one due first
+first), and the worker's loop beats every node it serves, as run() beats on each turn; when
+the worker cannot keep up, every node's renewal comes late, leases lapse, and the figures
+say so (longest gap between renewals, leases lost, leases etcd expired, presence keys
+counted in the store just before the rollback). Off: no presence key anywhere, which is how
+the count worked before presence: it waits for every node until the quiet period.
+
+The store's load is measured around each rollback: etcd's CPU time and resident memory
+(/proc/<pid>/stat, status) and its own counters (GET /metrics: events its watches delivered,
+leases renewed, granted, expired), over a steady window with every watcher connected
+(--steady-s) and over the rollback.yml process. --store-members 3 starts a 3-member cluster
+(the workers spread over the members) instead of one member.
+
 For each size, `playbooks/rollback.yml` runs against an inventory of that many hosts, as an
 operator would: it raises the fence in the store, counts the acknowledgements and pushes to
 the nodes that did not confirm. A share of the nodes (--silent-pct, 5 %) run no watcher:
@@ -46,6 +64,7 @@ node with a watcher.
     .venv/bin/python bench/fence_fanout.py                       # 1,000 and 5,000, multiplexed
     .venv/bin/python bench/fence_fanout.py --sizes 1000,5000 --watchers threads,multiplexed
     .venv/bin/python bench/fence_fanout.py --sizes 200 --modes fast
+    .venv/bin/python bench/fence_fanout.py --sizes 1000,10000 --modes fast --presence on,off
 
 Writes bench/results/fence-fanout-<UTC time>.md and .json (after each run, so a failed
 later run keeps the earlier ones). As root, from the checkout, after scripts/setup. Removes
@@ -55,6 +74,7 @@ every process, mount and file it made, also on failure.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime
 import errno
@@ -73,6 +93,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,10 +107,16 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (  
     EtcdClient,
     KeyValue,
     StoreUnavailable,
+    prefix_end,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (  # noqa: E402
+    IDLE_RECHECK_S,
+    PRESENCE_RENEW_S,
+    PRESENCE_STALL_S,
+    PRESENCE_TTL_S,
     RETRY_FIRST_S,
     RETRY_MAX_S,
+    Presence,
     Watcher,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (  # noqa: E402
@@ -132,6 +159,16 @@ MUX_STARTS_PER_TURN = 50
 # How often a multiplexed worker looks for watches idle past their re-check time.
 IDLE_CHECK_EVERY_S = 0.5
 WATCH_PATH = "/v3/watch"
+# --presence on: each simulated watcher keeps presence/<node> as the product's does; off: none
+# anywhere in the store, so the count waits for every node as it did before presence.
+PRESENCE_MODES = ("on", "off")
+# A node's watcher lets its presence expire when its loop has not turned for PRESENCE_STALL_S,
+# three times its idle re-check. The simulated watchers re-check every SIM_IDLE_RECHECK_S
+# instead, so the same ratio: else an idle simulated watch would read as a stuck loop.
+SIM_PRESENCE_STALL_S = SIM_IDLE_RECHECK_S * PRESENCE_STALL_S / IDLE_RECHECK_S
+# Seconds between the simulated nodes being ready and the rollback: the store's steady load
+# (the presence leases' renewals) is measured over this window.
+STEADY_S = 10.0
 
 
 def log(message):
@@ -225,6 +262,7 @@ class BenchWatcher(Watcher):
     reactions = 0
     reaction_cpu_s = 0.0
     reaction_wall_s = 0.0
+    handled = 0
 
     def follow_direct_drain(self, epoch, action, started, wait_s=0.0):
         # The simulated nodes run no engine: no direct connection to follow, and a second
@@ -233,12 +271,61 @@ class BenchWatcher(Watcher):
 
     def handle(self, fence):
         cpu, wall = time.thread_time(), time.monotonic()
+        self.handled += 1
         ack = super().handle(fence)
         if ack is not None:
             self.reactions += 1
             self.reaction_cpu_s += time.thread_time() - cpu
             self.reaction_wall_s += time.monotonic() - wall
         return ack
+
+
+class NoPresence:
+    """--presence off: a watcher of a release before presence, which keeps no key."""
+
+    kept = lost = failed = 0
+    longest_gap_s = 0.0
+    gaps_over_ttl = 0
+    leased = None
+
+    def beat(self):
+        pass
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def keep(self):
+        return False
+
+
+class BenchPresence(Presence):
+    """The product's Presence, counting its renewals: how many, how many found their lease
+    gone (it expired between two renewals: the key was written again on a new one), and the
+    longest time between two of them, which tells whether the simulated nodes kept up."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kept = self.lost = self.failed = 0
+        self.longest_gap_s = 0.0
+        self.gaps_over_ttl = 0
+        self._last_keep = None
+
+    def keep(self):
+        now = time.monotonic()
+        if self._last_keep is not None:
+            gap = now - self._last_keep
+            self.longest_gap_s = max(self.longest_gap_s, gap)
+            self.gaps_over_ttl += gap > self.leased.ttl_s
+        self._last_keep = now
+        lease = self.leased.lease
+        kept = super().keep()
+        self.kept += 1
+        self.failed += not kept
+        self.lost += bool(lease) and self.leased.lease != lease
+        return kept
 
 
 class NodeLog:
@@ -263,8 +350,22 @@ def make_watchers(args, names, node_log):
     for name in names:
         layout = node_layout(args.bpffs, args.state_dir, name)
         store = RolloutStore(BenchClient(args.endpoint, timeout=30), PREFIX)
-        watchers.append(BenchWatcher(store, layout, name, status_file=None, log=node_log))
+        watcher = BenchWatcher(store, layout, name, status_file=None, log=node_log)
+        if args.presence == "on":
+            watcher.presence = BenchPresence(
+                store, name, stall_s=SIM_PRESENCE_STALL_S, log=watcher.log
+            )
+        else:
+            watcher.presence = NoPresence()
+        watchers.append(watcher)
     return watchers
+
+
+def presence_kept(watchers):
+    """Whether every watcher's presence is in the store (True with --presence off)."""
+    return all(
+        watcher.presence.leased is None or watcher.presence.leased.lease for watcher in watchers
+    )
 
 
 def worker_stats(watchers, node_log, cpu_at_ready, extra=None):
@@ -280,6 +381,13 @@ def worker_stats(watchers, node_log, cpu_at_ready, extra=None):
         "max_rss_mib": usage.ru_maxrss / 1024.0,
         "node_messages": node_log.count,
         "node_message_samples": node_log.samples,
+        "fence_records_handled": sum(w.handled for w in watchers),
+        "presence_kept": sum(w.presence.kept for w in watchers),
+        "presence_failed": sum(w.presence.failed for w in watchers),
+        "presence_lost": sum(w.presence.lost for w in watchers),
+        "presence_gaps_over_ttl": sum(w.presence.gaps_over_ttl for w in watchers),
+        # Summed like the rest by the caller; the max is taken from its own key.
+        "presence_longest_gap_s_max": max((w.presence.longest_gap_s for w in watchers), default=0),
     }
     stats.update(extra or {})
     return stats
@@ -309,7 +417,9 @@ def worker_threads(args, names):
         )
         thread.start()
     deadline = time.monotonic() + 600
-    while not all(watcher.store.client.watch_opens for watcher in watchers):
+    while not (
+        all(watcher.store.client.watch_opens for watcher in watchers) and presence_kept(watchers)
+    ):
         if time.monotonic() > deadline:
             sys.stdout.write("not ready\n")
             return 1
@@ -535,6 +645,7 @@ class Mux:
         self.created = 0  # nodes whose first watch the store has created
         self.next_idle_check = 0.0
         self.stopping = False
+        self.nodes = []
 
     def later(self, node, delay):
         heapq.heappush(self.due, (time.monotonic() + delay, next(self.order), node))
@@ -556,9 +667,50 @@ class Mux:
         now = time.monotonic()
         if now >= self.next_idle_check:
             self.next_idle_check = now + IDLE_CHECK_EVERY_S
+            # Each node's watch loop is this one, and it turns: Watcher.run() beats on each
+            # of its turns. A node whose watcher ended (dead) beats no more: its presence
+            # expires as a stuck watcher's does.
+            for node in self.nodes:
+                if not node.dead:
+                    node.watcher.presence.beat()
             for node in [node for node in self.open if node.deadline <= now]:
                 # EtcdClient.watch(): no line within its timeout ends the watch, unavailable.
                 node.failed(self, node.unavailable("timed out"))
+
+
+class PresenceKeeper:
+    """Presence.start()'s thread for every node of a multiplexed worker, in one thread: each
+    node's Presence.keep() (the product's renewal, one lease per node, one store request per
+    renewal as on a node), renew_s after that node's last one ended, the one due first
+    first. A node's own thread does the same on its own clock; here, when the worker's CPU
+    cannot keep up, every node's renewal comes late by the same amount, which is what the
+    figures then show (longest gap, leases lost), not hidden."""
+
+    def __init__(self, nodes):
+        self.due = [(0.0, index, node) for index, node in enumerate(nodes)]
+        self.kept_once = set()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="presence", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopping.is_set():
+            due, index, node = self.due[0]
+            wait = due - time.monotonic()
+            if wait > 0:
+                self.stopping.wait(wait)
+                continue
+            presence = node.watcher.presence
+            if presence.keep():
+                self.kept_once.add(index)
+            heapq.heapreplace(self.due, (time.monotonic() + presence.renew_s, index, node))
+
+    def stop(self):
+        self.stopping.set()
+        # A renewal in flight ends within the client's timeout; the worker need not wait.
+        self.thread.join(timeout=5)
 
 
 def worker_multiplexed(args, names):
@@ -569,8 +721,14 @@ def worker_multiplexed(args, names):
     address = (url.hostname, url.port or 2379)
     mux = Mux()
     nodes = [MuxNode(watcher, address, SIM_IDLE_RECHECK_S) for watcher in watchers]
+    mux.nodes = nodes
     for node in nodes:
+        node.watcher.presence.beat()
         mux.later(node, 0.0)
+    keeper = None
+    if args.presence == "on":
+        keeper = PresenceKeeper(nodes)
+        keeper.start()
 
     def stop(_signum, _frame):
         mux.stopping = True
@@ -581,7 +739,9 @@ def worker_multiplexed(args, names):
     while not mux.stopping:
         mux.turn()
         if cpu_at_ready is None:
-            if mux.created == len(nodes):
+            if mux.created == len(nodes) and (
+                keeper is None or len(keeper.kept_once) == len(nodes)
+            ):
                 cpu_at_ready = process_cpu_s()
                 sys.stdout.write("ready\n")
                 sys.stdout.flush()
@@ -589,6 +749,8 @@ def worker_multiplexed(args, names):
                 sys.stdout.write("not ready\n")
                 sys.stdout.flush()
                 return 1
+    if keeper is not None:
+        keeper.stop()
     # The watches are counted by the nodes here: this mode does not open them with _open().
     extra = {
         "watch_opens": sum(node.opens for node in nodes),
@@ -608,7 +770,9 @@ def worker_main(args):
 # ---------------------------------------------------------------- one size
 
 
-def start_workers(stack, args, watchers, endpoint, bpffs, state_dir, names):
+def start_workers(stack, args, watchers, presence, endpoints, bpffs, state_dir, names):
+    """The worker processes; each talks to one store member, in turn, as a fleet's nodes
+    spread over the members."""
     workers = []
     count = args.worker_processes
     shares = [names[i::count] for i in range(count)]
@@ -618,7 +782,8 @@ def start_workers(stack, args, watchers, endpoint, bpffs, state_dir, names):
         stats = os.path.join(state_dir, "worker-%d.stats.json" % index)
         proc = subprocess.Popen(
             ["taskset", "-c", NODES_CPU, sys.executable, __file__, "--worker",
-             "--watchers", watchers, "--endpoint", endpoint, "--bpffs", bpffs,
+             "--watchers", watchers, "--presence", presence,
+             "--endpoint", endpoints[index % len(endpoints)], "--bpffs", bpffs,
              "--state-dir", state_dir, "--stats", stats],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
         )  # fmt: skip
@@ -667,6 +832,8 @@ def stop_workers(workers):
         for key, value in stats.items():
             if key == "node_message_samples":
                 total.setdefault(key, []).extend(value)
+            elif key.endswith("_max"):
+                total[key] = max(total.get(key, 0), value)
             elif isinstance(value, (int, float)):
                 total[key] = total.get(key, 0) + value
     return total
@@ -716,7 +883,91 @@ def silent_nodes(names, silent_pct):
     return set(names[::step][:silent_count])
 
 
-def run_size(args, size, mode, watchers, endpoint, push_processes=None):
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# etcd's own counters (GET /metrics), read before and after: events its watches delivered, and
+# its leases renewed, granted and expired. A lease is renewed on the leader alone but
+# granted and expired on every member, so these are taken from the member that counted most;
+# the events are summed, each member delivering to the watches it holds.
+STORE_EVENTS = "etcd_debugging_mvcc_events_total"
+STORE_LEASE_COUNTERS = (
+    "etcd_debugging_lease_renewed_total",
+    "etcd_debugging_lease_granted_total",
+    "etcd_debugging_server_lease_expired_total",
+)
+
+
+def store_sample(members):
+    """The store's members now: CPU seconds and resident memory summed over their processes
+    (/proc), and the counters above."""
+    sample = {"at": time.monotonic(), "cpu_s": 0.0, "rss_mib": 0.0, "hwm_mib": 0.0}
+    sample.update(dict.fromkeys((STORE_EVENTS, *STORE_LEASE_COUNTERS), 0.0))
+    for member in members:
+        pid = member.proc.pid
+        # After the command's name, which may hold spaces: utime and stime are fields 14, 15.
+        fields = Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()
+        sample["cpu_s"] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        for line in Path("/proc/%d/status" % pid).read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                sample["rss_mib"] += int(line.split()[1]) / 1024.0
+            elif line.startswith("VmHWM:"):
+                sample["hwm_mib"] += int(line.split()[1]) / 1024.0
+        with urllib.request.urlopen(member.url + "/metrics", timeout=30) as answer:  # noqa: S310
+            for line in answer.read().decode().splitlines():
+                name, _space, value = line.partition(" ")
+                if name == STORE_EVENTS:
+                    sample[name] += float(value)
+                elif name in STORE_LEASE_COUNTERS:
+                    sample[name] = max(sample[name], float(value))
+    return sample
+
+
+def store_load(before, after):
+    """What the store did between two samples."""
+    seconds = after["at"] - before["at"]
+    return {
+        "seconds": round(seconds, 2),
+        "cpu_s": round(after["cpu_s"] - before["cpu_s"], 2),
+        "cpu_share": round((after["cpu_s"] - before["cpu_s"]) / seconds, 3) if seconds else None,
+        "rss_mib_before": round(before["rss_mib"], 1),
+        "rss_mib_after": round(after["rss_mib"], 1),
+        "rss_mib_peak": round(after["hwm_mib"], 1),
+        "events_delivered": int(after[STORE_EVENTS] - before[STORE_EVENTS]),
+        "leases_renewed": int(after[STORE_LEASE_COUNTERS[0]] - before[STORE_LEASE_COUNTERS[0]]),
+        "renewals_per_s": round(
+            (after[STORE_LEASE_COUNTERS[0]] - before[STORE_LEASE_COUNTERS[0]]) / seconds, 1
+        )
+        if seconds
+        else None,
+        "leases_granted": int(after[STORE_LEASE_COUNTERS[1]] - before[STORE_LEASE_COUNTERS[1]]),
+        "leases_expired": int(after[STORE_LEASE_COUNTERS[2]] - before[STORE_LEASE_COUNTERS[2]]),
+    }
+
+
+def presence_keys(endpoints):
+    """How many presence keys the store holds now (a count, no keys read)."""
+    prefix = PREFIX + "presence/"
+    key, end = (base64.b64encode(k).decode() for k in (prefix.encode(), prefix_end(prefix)))
+    answer = EtcdClient(endpoints, timeout=30).call(
+        "/v3/kv/range", {"key": key, "range_end": end, "count_only": True}
+    )
+    return int(answer.get("count", 0))
+
+
+@contextlib.contextmanager
+def running_store(size):
+    """size etcd members on loopback (1: one member), ended and removed afterwards."""
+    from store.etcd_member import etcd_cluster, running_etcd
+
+    if size == 1:
+        with running_etcd() as member:
+            yield [member]
+    else:
+        with etcd_cluster(size) as members:
+            yield members
+
+
+def run_size(args, size, mode, watchers, members, push_processes=None, presence="on"):
+    endpoints = [member.url for member in members]
     names = [node_name(i) for i in range(size)]
     silent = silent_nodes(names, args.silent_pct)
     with contextlib.ExitStack() as stack:
@@ -736,12 +987,22 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
         log("%d nodes' maps pinned in %.1f s" % (size, made_s))
         started = time.monotonic()
         watched = [name for name in names if name not in silent]
-        workers = start_workers(stack, args, watchers, endpoint, bpffs, state_dir, watched)
+        workers = start_workers(
+            stack, args, watchers, presence, endpoints, bpffs, state_dir, watched
+        )
         connected_s = time.monotonic() - started
         log(
-            "%d watches open in %.1f s (%s, %d silent)"
-            % (len(watched), connected_s, watchers, len(silent))
+            "%d watches open in %.1f s (%s, presence %s, %d silent)"
+            % (len(watched), connected_s, watchers, presence, len(silent))
         )
+        # The store's steady load with every watcher connected (and, presence on, keeping its
+        # lease), before any rollback.
+        steady_from = store_sample(members)
+        time.sleep(args.steady_s)
+        playbook_from = store_sample(members)
+        steady = store_load(steady_from, playbook_from)
+        steady["presence_keys"] = presence_keys(endpoints)
+        log("store, steady: %s" % json.dumps(steady))
 
         routectl = os.path.join(workdir, "routectl")
         write_routectl(routectl)
@@ -751,7 +1012,7 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
         extra = {
             "rollback_mode": mode,
             "rollback_hosts": "gpu_nodes",
-            "rollout_store_endpoints": [endpoint],
+            "rollout_store_endpoints": endpoints,
             "rollout_store_prefix": PREFIX,
             "canary_record_dir": os.path.join(workdir, "records"),
             "rollback_report_path": report_path,
@@ -783,9 +1044,27 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
             text=True, start_new_session=True,
         )  # fmt: skip
         stack.callback(stop_group, proc)
-        playbook_out, _playbook_err = proc.communicate(timeout=1800)
+        try:
+            playbook_out, _playbook_err = proc.communicate(timeout=args.playbook_timeout_s)
+        except subprocess.TimeoutExpired:
+            # Ended here, and said in the report as a run that did not finish, so that a
+            # rollback this machine cannot finish in time still leaves what was measured.
+            rollback_load = store_load(playbook_from, store_sample(members))
+            stop_group(proc)
+            stop_workers(workers)
+            result = {
+                "mode": mode, "watchers": watchers, "presence": presence,
+                "store_members": len(members), "push_processes": push_processes,
+                "nodes": size, "silent": len(silent), "finished": False,
+                "process_s": round(time.monotonic() - started, 2),
+                "watchers_connected_s": round(connected_s, 2),
+                "store_steady": steady, "store_rollback": rollback_load,
+            }  # fmt: skip
+            log("did not finish: %s" % json.dumps(result))
+            return result
         process_s = time.monotonic() - started
         load_after = os.getloadavg()[0]
+        rollback_load = store_load(playbook_from, store_sample(members))
         nodes = stop_workers(workers) or {}
         if os.environ.get("ZLB_SHOW_PLAYBOOK"):
             sys.stderr.write(playbook_out)
@@ -793,6 +1072,14 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
             raise RuntimeError("rollback.yml wrote no report (rc %d): %s" % (
                 proc.returncode, playbook_out[-3000:]))  # fmt: skip
         report = json.loads(Path(report_path).read_text())
+        fence = RolloutStore(EtcdClient(endpoints, timeout=30), PREFIX).fence()
+        absent = report.get("watchers_absent")
+        waited = report.get("count_waited_s")
+        waited = float(waited) if waited not in (None, "") else None
+        # The count begins as the fence is raised (at_unix: the controller's clock, just before
+        # the transaction) and lasts waited_s; what follows, to the last confirmation, is the
+        # push to the nodes the count did not see confirm.
+        count_ended = fence["at_unix"] + waited if waited is not None else None
 
         # Read every node back, from its maps.
         wrong = []
@@ -814,6 +1101,9 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
         result = {
             "mode": mode,
             "watchers": watchers,
+            "finished": True,
+            "presence": presence,
+            "store_members": len(members),
             "push_processes": push_processes,
             # Per shard of the push: its nodes, exit status and seconds ([]: not sharded).
             "push_shards": report.get("push_shards", []),
@@ -869,6 +1159,23 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
             "node_message_samples": nodes.get("node_message_samples", [])[:3],
             "dead_nodes": nodes.get("dead_nodes", 0),
             "load_1m_after": round(load_after, 2),
+            # Presence: the watchers the raise found present, and of those it did not the ones
+            # that do run a watcher (their lease lapsed: the nodes could not keep up).
+            "present_at_raise": size - len(absent) if isinstance(absent, list) else None,
+            "absent_with_watcher": len(set(absent) - silent) if isinstance(absent, list) else None,
+            "count_waited_s": waited,
+            "fence_after_start_s": round(fence["at_unix"] - float(report["started_at_unix"]), 3),
+            "push_s": round(float(report["finished_at_unix"]) - count_ended, 3)
+            if count_ended is not None
+            else None,
+            "fence_records_handled": nodes.get("fence_records_handled"),
+            "presence_kept": nodes.get("presence_kept"),
+            "presence_failed": nodes.get("presence_failed"),
+            "presence_lost": nodes.get("presence_lost"),
+            "presence_gaps_over_ttl": nodes.get("presence_gaps_over_ttl"),
+            "presence_longest_gap_s": round(nodes.get("presence_longest_gap_s_max") or 0, 2),
+            "store_steady": steady,
+            "store_rollback": rollback_load,
         }
         log(json.dumps({k: v for k, v in result.items() if k != "silent_nodes"}))
         return result
@@ -878,7 +1185,7 @@ def run_size(args, size, mode, watchers, endpoint, push_processes=None):
 
 
 # The dimensions a run is set by; two runs compared side by side differ in one of them.
-RUN_DIMENSIONS = ("mode", "nodes", "watchers", "push_processes")
+RUN_DIMENSIONS = ("mode", "nodes", "watchers", "push_processes", "presence", "store_members")
 
 
 def side_by_side(results, varied, is_new):
@@ -894,40 +1201,107 @@ def side_by_side(results, varied, is_new):
     ]
 
 
+def _or_dash(value):
+    return "-" if value is None else value
+
+
 def _ratio(new, old):
     if new is None or old in (None, 0):
         return "-"
     return "%.2f" % (new / old)
 
 
-def render(results, command, started, skipped, load_before):
+def render(all_runs, command, started, skipped, load_before):
+    results = [r for r in all_runs if r.get("finished", True)]
     lines = [
         "# Fence fan-out: rollback.yml against simulated nodes",
         "",
         "Date: %s (UTC). Command: `%s`" % (started.strftime("%Y-%m-%d %H:%M:%S"), command),
         "",
-        "Host: %s, %d CPUs; load average before %s. One etcd member on loopback; each "
+        "Host: %s, %d CPUs; load average before %s. etcd on loopback (members: %s); each "
         "simulated node its own pinned maps, fence file, Watcher and watch connection; "
         "watchers: threads (one thread per node) or multiplexed (one selector per worker "
-        "process)." % (os.uname().release, os.cpu_count(), load_before),
+        "process); presence on: each watcher keeps presence/<node> on a %d s lease of its own, "
+        "renewed every %.0f s."
+        % (
+            os.uname().release,
+            os.cpu_count(),
+            load_before,
+            ", ".join(sorted({str(r["store_members"]) for r in all_runs})),
+            PRESENCE_TTL_S,
+            PRESENCE_RENEW_S,
+        ),
         "",
-        "| mode | nodes | silent | watchers | push shards | whole process s | report s "
-        "(process start to last confirmation) | by watcher | pushed | unreachable | ack seen p50 s "
+        "| mode | nodes | silent | watchers | presence | present at raise | push shards "
+        "| whole process s | report s (process start to last confirmation) | fence after s "
+        "| count waited s | push s | by watcher | pushed | unreachable | ack seen p50 s "
         "| ack seen max s | maps wrong | watches open s | watch re-opens | nodes' CPU s "
         "| CPU ms per reaction | load 1 min after |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in results:
         lines.append(
-            "| %s | %d | %d | %s | %d | %.2f | %.2f | %d | %d | %d | %s | %s | %d | %.2f | %s "
-            "| %s | %s | %s |"
-            % (r["mode"], r["nodes"], r["silent"], r["watchers"], len(r.get("push_shards") or []),
-               r["process_s"],
-               r["report_wall_time_s"], r["confirmed_by_watcher"], r["pushed"],
+            "| %s | %d | %d | %s | %s | %s | %d | %.2f | %.2f | %s | %s | %s | %d | %d | %d "
+            "| %s | %s | %d | %.2f | %s | %s | %s | %s |"
+            % (r["mode"], r["nodes"], r["silent"], r["watchers"], r.get("presence", "-"),
+               _or_dash(r.get("present_at_raise")), len(r.get("push_shards") or []),
+               r["process_s"], r["report_wall_time_s"], _or_dash(r.get("fence_after_start_s")),
+               _or_dash(r.get("count_waited_s")), _or_dash(r.get("push_s")),
+               r["confirmed_by_watcher"], r["pushed"],
                r["unreachable"], r["ack_seen_p50_s"], r["ack_seen_max_s"], r["read_back_wrong"],
                r["watchers_connected_s"], r["watch_reopens"], r["nodes_cpu_s"],
                r["reaction_cpu_ms_mean"], r["load_1m_after"])
+        )  # fmt: skip
+    with_presence = side_by_side(results, "presence", lambda run: run.get("presence") == "on")
+    if with_presence:
+        lines += [
+            "",
+            "Side by side, presence on / off (below 1: on took less):",
+            "",
+            "| mode | nodes | report s | whole process s | count waited s | push s "
+            "| ack seen max s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r, o in with_presence:
+            lines.append(
+                "| %s | %d | %s | %s | %s | %s | %s |"
+                % (r["mode"], r["nodes"],
+                   _ratio(r["report_wall_time_s"], o["report_wall_time_s"]),
+                   _ratio(r["process_s"], o["process_s"]),
+                   _ratio(r["count_waited_s"], o["count_waited_s"]),
+                   _ratio(r["push_s"], o["push_s"]),
+                   _ratio(r["ack_seen_max_s"], o["ack_seen_max_s"]))
+            )  # fmt: skip
+    lines += [
+        "",
+        "The store: steady (every watcher connected, before the rollback, for the seconds "
+        "given) and during rollback.yml (its process start to exit). etcd's CPU and resident "
+        "memory from /proc, its counters from /metrics (events its watches delivered, leases "
+        "renewed and expired); the nodes' side of presence as the workers counted it.",
+        "",
+        "| mode | nodes | presence | presence keys | steady s | steady etcd CPU share "
+        "| renewals/s | rollback s | etcd CPU s | events delivered | renewals | leases expired "
+        "| etcd RSS MiB before / after / peak | renewals by nodes | leases lost "
+        "| longest gap s |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for r in all_runs:
+        steady, rollback = r.get("store_steady"), r.get("store_rollback")
+        if not steady or not rollback:
+            continue
+        lines.append(
+            "| %s | %d | %s | %s | %.1f | %.3f | %s | %.1f | %.2f | %d | %d | %d "
+            "| %.0f / %.0f / %.0f | %s | %s | %s |"
+            % (r["mode"], r["nodes"], r["presence"], _or_dash(steady.get("presence_keys")),
+               steady["seconds"], steady["cpu_share"],
+               steady["renewals_per_s"], rollback["seconds"], rollback["cpu_s"],
+               rollback["events_delivered"], rollback["leases_renewed"],
+               steady["leases_expired"] + rollback["leases_expired"],
+               rollback["rss_mib_before"], rollback["rss_mib_after"], rollback["rss_mib_peak"],
+               _or_dash(r.get("presence_kept")), _or_dash(r.get("presence_lost")),
+               _or_dash(r.get("presence_longest_gap_s")))
         )  # fmt: skip
     pairs = side_by_side(results, "watchers", lambda run: run["watchers"] == "multiplexed")
     if pairs:
@@ -963,12 +1337,23 @@ def render(results, command, started, skipped, load_before):
                    _ratio(r["report_wall_time_s"], t["report_wall_time_s"]),
                    _ratio(r["process_s"], t["process_s"]))
             )  # fmt: skip
+    unfinished = [r for r in all_runs if not r.get("finished", True)]
+    if unfinished:
+        lines += ["", "Did not finish (rollback.yml ended after --playbook-timeout-s):", ""]
+        for r in unfinished:
+            lines.append(
+                "- %s, %d nodes, %s, presence %s: ended after %.0f s"
+                % (r["mode"], r["nodes"], r["watchers"], r["presence"], r["process_s"])
+            )
     if skipped:
         lines += ["", "Not run: " + "; ".join(skipped) + "."]
     lines += ["", "Silent nodes (no watcher), per run:", ""]
     for r in results:
         silent = ", ".join(r["silent_nodes"])
-        lines.append("- %s, %d nodes, %s: %s" % (r["mode"], r["nodes"], r["watchers"], silent))
+        lines.append(
+            "- %s, %d nodes, %s, presence %s: %s"
+            % (r["mode"], r["nodes"], r["watchers"], r.get("presence", "-"), silent)
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -993,6 +1378,33 @@ def main(argv=None):
         type=int,
         default=WORKER_PROCESSES,
         help="processes the simulated nodes are shared out to (default %(default)s)",
+    )
+    parser.add_argument(
+        "--presence",
+        default="on",
+        help="on (each watcher keeps its presence key, as the product's), off (none: the count "
+        "as before presence) or both (on,off): per size and mode, each in turn",
+    )
+    parser.add_argument(
+        "--store-members",
+        type=int,
+        default=1,
+        help="etcd members on loopback (default %(default)s; 3: a cluster, the workers "
+        "spread over its members)",
+    )
+    parser.add_argument(
+        "--steady-s",
+        type=float,
+        default=STEADY_S,
+        help="seconds the store's steady load is measured, the nodes ready, before the "
+        "rollback (default %(default)s)",
+    )
+    parser.add_argument(
+        "--playbook-timeout-s",
+        type=float,
+        default=1800.0,
+        help="rollback.yml is ended after this long and the run reported as not finished "
+        "(default %(default)s)",
     )
     parser.add_argument("--silent-pct", type=float, default=5.0)
     parser.add_argument(
@@ -1046,13 +1458,17 @@ def main(argv=None):
         parser.error("--watchers: %s; known: %s" % (", ".join(unknown), ", ".join(WATCHER_MODES)))
     if args.worker_processes < 1:
         parser.error("--worker-processes must be 1 or more")
+    presence_modes = [p for p in args.presence.split(",") if p]
+    unknown = sorted(set(presence_modes) - set(PRESENCE_MODES))
+    if unknown or not presence_modes:
+        parser.error("--presence: %s; known: on, off" % ", ".join(unknown))
+    if args.store_members < 1:
+        parser.error("--store-members must be 1 or more")
     if os.geteuid() != 0:
         sys.exit("fence_fanout.py: run as root (bpffs, BPF maps)")
     # A SIGTERM (timeout, a CI job's end) unwinds like an exception, so that every worker,
     # etcd member, mount and file made so far is removed.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
-    from store.etcd_member import running_etcd
-
     started = datetime.datetime.now(datetime.timezone.utc)
     load_before = " ".join("%.2f" % v for v in os.getloadavg())
     command = "bench/fence_fanout.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -1061,10 +1477,10 @@ def main(argv=None):
     stem = out / ("fence-fanout-%s" % started.strftime("%Y%m%dT%H%M%SZ"))
     results, skipped = [], []
     push_options = [int(value) for value in args.push_processes.split(",") if value] or [None]
-    runs = [(w, p) for w in watcher_modes for p in push_options]
+    runs = [(w, p, pr) for w in watcher_modes for p in push_options for pr in presence_modes]
     for size in [int(s) for s in args.sizes.split(",")]:
         for mode in args.modes.split(","):
-            for watchers, push_processes in runs:
+            for watchers, push_processes, presence in runs:
                 if watchers == "threads" and size > args.max_thread_nodes:
                     note = "threads at %d nodes, %s (above --max-thread-nodes %d)" % (
                         size, mode, args.max_thread_nodes)  # fmt: skip
@@ -1072,8 +1488,10 @@ def main(argv=None):
                         skipped.append(note)
                         log("not run: " + note)
                     continue
-                with running_etcd() as member:
-                    results.append(run_size(args, size, mode, watchers, member.url, push_processes))
+                with running_store(args.store_members) as members:
+                    results.append(
+                        run_size(args, size, mode, watchers, members, push_processes, presence)
+                    )
                 # After each run: a later run that fails keeps these.
                 stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
                 stem.with_suffix(".md").write_text(
