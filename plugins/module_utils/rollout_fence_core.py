@@ -22,6 +22,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     FENCE_ACTIONS,
+    read_presence,
     store_failure,
     store_from_params,
     store_options,
@@ -134,7 +135,7 @@ def wait_acks(params):
         return dict(_none_counted(params, exc), changed=False)
     try:
         # Raised elsewhere (an abort): presence is read now, not in the raise's transaction.
-        present = store.present_nodes()
+        present = read_presence(store)
     except MODULE_FAILURES:
         present = None
     counted = count_acks_or_none(store, params, params["epoch"], enough_of(params, present))

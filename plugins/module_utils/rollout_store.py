@@ -201,6 +201,25 @@ def _nodes_under(prefix, kvs):
     return sorted({kv.key[len(prefix) :] for kv in kvs if "/" not in kv.key[len(prefix) :]})
 
 
+def _refused_by_permission(exc):
+    """Whether the store answered that this user may not do it (a role of a release before
+    presence): not a store that cannot be reached, nor any other refusal."""
+    return not isinstance(exc, StoreUnavailable) and "permission denied" in exc.message
+
+
+def read_presence(store):
+    """The sorted nodes whose fence watcher keeps presence/<node> now, or None when this
+    user may not read presence/. store: anything with .key() and .client (a RolloutStore,
+    the store exporter's reader)."""
+    prefix = store.key("presence", "")
+    try:
+        return _nodes_under(prefix, store.client.get_prefix(prefix))
+    except FleetError as exc:
+        if not _refused_by_permission(exc):
+            raise
+        return None
+
+
 class RolloutStore:
     def __init__(self, client, prefix=DEFAULT_PREFIX):
         if not prefix.startswith("/") or not prefix.endswith("/"):
@@ -277,32 +296,17 @@ class RolloutStore:
         """(done, sorted present nodes or None): the fence's compare-and-swap with the read
         of presence/ in it. A store that refuses the read (a user without read on presence/)
         refuses the whole transaction: the fence is then raised alone, as before presence."""
-        prefix = self.key("presence") + "/"
+        prefix = self.key("presence", "")
         try:
             done, _revision, kvs = self.client.put_if_reading(
                 self.key("fence"), raised, mod_revision, prefix
             )
-        except StoreUnavailable:
-            raise
         except FleetError as exc:
-            if "permission denied" not in exc.message:
+            if not _refused_by_permission(exc):
                 raise
             done, _now = self.client.put_if(self.key("fence"), raised, mod_revision)
             return done, None
         return done, _nodes_under(prefix, kvs)
-
-    def present_nodes(self):
-        """The sorted nodes whose watcher keeps its presence key now, or None when this user
-        may not read presence/ (a count after a fence raised elsewhere, such as an abort)."""
-        prefix = self.key("presence") + "/"
-        try:
-            return _nodes_under(prefix, self.client.get_prefix(prefix))
-        except StoreUnavailable:
-            raise
-        except FleetError as exc:
-            if "permission denied" not in exc.message:
-                raise
-            return None
 
     # ------------------------------------------------------------ acknowledgements
 

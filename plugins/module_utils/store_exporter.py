@@ -46,7 +46,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     format_timestamp,
     parse_timestamp,
@@ -55,6 +54,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     validate_record_key,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import read_presence
 
 DEFAULT_PORT = 9465
 DEFAULT_ADDRESS = exposition.DEFAULT_ADDRESS
@@ -122,22 +122,6 @@ def read_store(store):
     return {"fence": None if fence is None else fence.value, "owners": owners, "records": records}
 
 
-def read_presence(store):
-    """The sorted nodes whose fence watcher keeps presence/<node> now, or None when this
-    user may not read them (a role of a release before presence): their series are then
-    left out, never the whole scrape."""
-    prefix = store.key("presence", "")
-    try:
-        kvs = store.client.get_prefix(prefix)
-    except StoreUnavailable:
-        raise
-    except FleetError as exc:
-        if "permission denied" not in exc.message:
-            raise
-        return None
-    return sorted({kv.key[len(prefix) :] for kv in kvs if "/" not in kv.key[len(prefix) :]})
-
-
 def watcher_state(present, known):
     """{node: 1 present, 0 not} of the nodes present and those known (sorted)."""
     present = set(present)
@@ -175,6 +159,8 @@ def collect(store, now=None, known=None):
     try:
         state = store_state(read_store(store), now)
         state["alarms"] = read_alarms(store)
+        # A user that may not read presence/ (a role of a release before it): its series
+        # are left out, never the whole scrape.
         present = read_presence(store)
         if present is not None:
             if known is not None:

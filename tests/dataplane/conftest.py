@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -412,3 +413,23 @@ def file_bytes(path):
             return handle.read()
     except FileNotFoundError:
         return None
+
+
+@pytest.fixture
+def listeners():
+    """Listening TCP sockets of this process (no SO_REUSEPORT: test runs refuse those);
+    an IPv6 one takes IPv4 too with v6only=False."""
+    socks = []
+
+    def make(address="127.0.0.1", v6only=True):
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+        if ":" in address:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+        sock.bind((address, 0))
+        sock.listen()
+        socks.append(sock)
+        return sock
+
+    yield make
+    for sock in socks:
+        sock.close()

@@ -309,24 +309,6 @@ def test_the_tries_hold_exactly_their_bound(loaded):
     assert len(routes.read_cohort_entries(loaded)) == 2
 
 
-@pytest.fixture
-def listeners():
-    socks = []
-
-    def make(address="127.0.0.1"):
-        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-        if ":" in address:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind((address, 0))
-        sock.listen()
-        socks.append(sock)
-        return sock
-
-    yield make
-    for sock in socks:
-        sock.close()
-
-
 def decide(layout, client, local_port=SERVICE_PORT, remote_port=40000):
     server = "fd00::1" if ":" in client else "10.0.0.1"
     with opened(layout.prog) as prog_fd:
@@ -337,7 +319,7 @@ def decide(layout, client, local_port=SERVICE_PORT, remote_port=40000):
 
 
 def test_ipv4_and_ipv6_cohorts_per_route(loaded, listeners):
-    engine = listeners("::")  # dual stack: takes both families
+    engine = listeners("::", v6only=False)  # dual stack: takes both families
     for name in ("svc", "other"):
         register_engine_socket(
             loaded, name, os.getpid(), engine.getsockname()[1], slot=0, timeout=5

@@ -64,25 +64,6 @@ def loaded(layout, router_object):
     return layout
 
 
-@pytest.fixture
-def listeners():
-    """Listening TCP sockets of this process (no SO_REUSEPORT: test runs refuse those)."""
-    socks = []
-
-    def make(address="127.0.0.1", v6only=True):
-        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-        if ":" in address:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
-        sock.bind((address, 0))
-        sock.listen()
-        socks.append(sock)
-        return sock
-
-    yield make
-    for sock in socks:
-        sock.close()
-
-
 def cookie_of(sock):
     return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, 57, 8))[0]
 
