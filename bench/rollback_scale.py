@@ -45,9 +45,10 @@ ROUTECTL = "/usr/local/sbin/zerolayer-routectl"
 PROVISION_TAGS = "rollout_store,model_engine,legacy_proxy,ebpf_router"
 # The ways a rollback is measured: confirmed by the nodes' fence watchers; the same with the
 # inventory read from a static file instead of asking podman (what a fleet's inventory is: a
-# file, or a cached cloud inventory); every node pushed, no acknowledgement awaited.
-FAST_PATHS = ("watcher", "static", "push")
-DEEP_PATHS = ("watcher", "push")
+# file, or a cached cloud inventory); every node pushed, no acknowledgement awaited; the
+# operator's command `zerolayer rollback` (no ansible-playbook unless a node lags).
+FAST_PATHS = ("watcher", "static", "push", "cli")
+DEEP_PATHS = ("watcher", "push", "cli")
 RUN_KEYS = ["fast_" + path for path in FAST_PATHS] + ["deep_" + path for path in DEEP_PATHS]
 # The static path's inventory, written once per run into the run's work directory.
 STATIC_INVENTORY = "static-inventory.yml"
@@ -118,8 +119,20 @@ def static_inventory(env, workdir):
     return path
 
 
+def cli_rollback(env, nodes, mode, report):
+    """`zerolayer rollback`: the whole command as the process the person waits for."""
+    argv = [str(REPO / ".venv" / "bin" / "zerolayer"), "rollback", "-i", str(INVENTORY),
+            "--hosts", ",".join(nodes), "--report", str(report), "-o", "json"]  # fmt: skip
+    if mode == "deep":
+        argv.append("--deep")
+    return timed(argv, env)
+
+
 def rollback(env, nodes, mode, path, workdir):
     report = Path(workdir) / ("rollback-%s-%d-%d.json" % (mode, len(nodes), time.time_ns()))
+    if path == "cli":
+        wall, _result = cli_rollback(env, nodes, mode, report)
+        return confirmed_run(report, nodes, mode, path, wall)
     inventory = Path(workdir) / STATIC_INVENTORY if path == "static" else INVENTORY
     # push: no acknowledgement is awaited, every node gets the push.
     wait = []
@@ -143,6 +156,11 @@ def rollback(env, nodes, mode, path, workdir):
         ],
         env,
     )
+    return confirmed_run(report, nodes, mode, path, wall)
+
+
+def confirmed_run(report, nodes, mode, path, wall):
+    """A run's figures from its report; RuntimeError when a node was not confirmed."""
     facts = json.loads(report.read_text())
     if int(facts["nodes_confirmed"]) != len(nodes):
         raise RuntimeError("%s rollback confirmed %s of %d nodes" % (mode, facts, len(nodes)))
@@ -284,10 +302,12 @@ def markdown(table, fits, settings, started, args):
         "%d deep; medians. Ansible: %s." % (args.rounds, args.deep_rounds, settings),
         "`report` is the rollback's own measurement (the ansible-playbook process's start to "
         "the last confirmation, the figure the budgets judge); `process` is the whole "
-        "`ansible-playbook` process (with the report, its files and records). `watcher`: the "
+        "process the person waits for (with the report, its files and records). `watcher`: the "
         "nodes' fence watchers confirm; `static`: the same, the inventory read from a file "
         "written once from the sandbox's (`ansible-inventory --list --yaml --export`) instead of "
-        "asking podman; `push`: no acknowledgement awaited, every node pushed.",
+        "asking podman; `push`: no acknowledgement awaited, every node pushed; `cli`: "
+        "`zerolayer rollback` (the store and the count in process, ansible-playbook only for "
+        "nodes that lag; its report's time also runs from the process's start).",
         "",
         "| nodes | "
         + " | ".join("%s report / process s" % key.replace("_", " ") for key in RUN_KEYS)

@@ -12,6 +12,7 @@
   zerolayer rollout report ID [--png FILE] [--json]
   zerolayer rollout events ID
   zerolayer notifications show | set FILE | test
+  zerolayer rollback [--deep] [-i INVENTORY] [--hosts PATTERN] [--reason TEXT]
 
   zerolayer config
   zerolayer completion [bash]
@@ -23,7 +24,7 @@ per-user file the store's play writes, the inventory); options go anywhere on th
 Exit status: 0 done; 2 bad input (unknown rollout or wave, a bad option: the message names
 it and lists the known ones); 3 the store cannot be reached; 4 refused by the rollout's
 state (promote on a finished rollout, resume of a fenced one); 5 abort raised the fence but
-the push to the nodes failed; 1 anything else.
+a node was not confirmed (abort with -i, rollback); 1 anything else.
 """
 
 from __future__ import annotations
@@ -33,15 +34,14 @@ import datetime
 import getpass
 import json
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     node_artifact,
     notify,
+    rollback_command,
     rollout,
     rollout_events,
     rollout_ops,
@@ -97,13 +97,15 @@ EXAMPLES = """examples:
   zerolayer rollout status chat-v2 -o json  one rollout, as JSON
   zerolayer rollout pause chat-v2 --reason "p99 up on eu"
   zerolayer rollout abort chat-v2 -i inventories/prod   raise the fence, push weight 0
+  zerolayer rollback -i inventories/prod    every node to the proxy now (--deep: router off)
   zerolayer config                          which store, found where (no secrets shown)
   eval "$(zerolayer completion)"            bash completion of nouns, verbs and options
 
 The store is found through --store-config FILE, $ZEROLAYER_STORE_CONFIG, the per-user
 file the store's play writes (~/.config/zerolayer/store.json), then -i INVENTORY or
 ansible.cfg's inventory; --endpoints and the TLS options replace what was found.
-Exit status: 0 done, 2 bad input, 3 store unreachable, 4 refused, 5 push failed, 1 other."""
+Exit status: 0 done, 2 bad input, 3 store unreachable, 4 refused, 5 a node not confirmed,
+1 other."""
 
 
 def _global_options():
@@ -122,8 +124,7 @@ def _global_options():
         action="append",
         metavar="INVENTORY",
         default=suppress,
-        help="find the store in this inventory (repeatable); "
-        "abort also pushes weight 0 to its nodes",
+        help="find the store in this inventory (repeatable); abort and rollback push to its nodes",
     )
     group.add_argument("--endpoints", action="append", metavar="URL", default=suppress)
     group.add_argument("--ca-file", default=suppress)
@@ -146,7 +147,8 @@ def build_parser():
         parents=[common],
     )
     parser.add_argument("--version", action="version", version="zerolayer %s" % _version())
-    top = parser.add_subparsers(dest="noun", metavar="{rollout,notifications,config,completion}",
+    top = parser.add_subparsers(dest="noun",
+                                metavar="{rollout,rollback,notifications,config,completion}",
                                 parser_class=_Parser)  # fmt: skip
     top.required = True
 
@@ -190,6 +192,21 @@ def build_parser():
     )
     events = command(verbs, "events", help="the rollout's events, with the fleet's rollbacks")
     events.add_argument("rollout_id")
+
+    rollback = command(
+        top, "rollback", help="every node back to the proxy now: weight 0 (--deep: router removed)"
+    )
+    rollback.add_argument("--deep", action="store_true", help="detach the router, proxy checked")
+    rollback.add_argument("--hosts", default="gpu_nodes", help="inventory pattern (gpu_nodes)")
+    rollback.add_argument("--reason", default="by request (zerolayer rollback)")
+    rollback.add_argument(
+        "--ack-wait", type=float, metavar="S",
+        help="wait at most S s for the watchers (fast 2, deep 10; 0: push every node)",
+    )  # fmt: skip
+    rollback.add_argument(
+        "--rollout-id", help="also mark this rollout's records rolled back, whatever their state"
+    )
+    rollback.add_argument("--report", metavar="FILE", help="where the JSON report goes")
 
     sinks = top.add_parser("notifications", help="where rollout events are sent")
     sink_verbs = sinks.add_subparsers(dest="verb", metavar="ACTION", parser_class=_Parser)
@@ -469,43 +486,68 @@ def parse_since(value, now=None):
         ) from None
 
 
-def _push_abort(inventories, epoch, reason):
-    """rollback.yml at the epoch abort raised (None: rollback.yml raises the store's fence
-    itself, or each node's where the store does not answer); its exit status.
-    Its output goes to stderr, so that stdout stays one JSON line with -o json."""
-    argv = [
-        shutil.which("ansible-playbook")
-        or os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
-    ]
-    for inventory in inventories:
-        argv += ["-i", inventory]
-    settings = {
-        "rollback_reason": reason,
-        # The abort's time runs from this command's start.
-        "rollback_command_started_at": round(process_started_at(), 3),
-    }
-    if epoch is not None:
-        settings["rollback_fence_epoch"] = epoch
-    argv += [os.path.join(REPO, "playbooks", "rollback.yml"), "-e", json.dumps(settings)]
-    return subprocess.run(argv, check=False, stdout=sys.stderr, cwd=REPO).returncode
+def _roll_back_nodes(args, settings, epoch, mode, pattern, rollout_id=None):
+    """The rollback of the inventory's nodes, in this process (rollback_command): the fence
+    raised here (epoch None) or the one an abort raised counted, the nodes that did not
+    confirm pushed, then the report written and the records and the event stored. Returns
+    the report, with the command's time to this point (command_s)."""
+    started_at = process_started_at()
+    nodes = rollback_command.inventory_nodes(args.inventory, pattern)
+    result = rollback_command.roll_back(
+        settings, nodes, mode, args.reason, _actor(), args.inventory, started_at,
+        ack_wait_s=getattr(args, "ack_wait", None), epoch=epoch,
+    )  # fmt: skip
+    # The person's wait ends with the last confirmation; what follows only reports.
+    result["report_file"] = rollback_command.write_report(
+        result, getattr(args, "report", None) or rollback_command.default_report_path(mode)
+    )
+    result["records"] = rollback_command.record_after(
+        settings, result, _actor(), rollout_id, rollback_command.default_report_dir()
+    )
+    result["command_s"] = round(time.time() - started_at, 3)
+    return result
+
+
+def _push_abort(args, settings, epoch):
+    """An abort's rollback of the -i inventories' gpu_nodes at the epoch it raised (None:
+    the store could not be written, each node fences itself one above its own)."""
+    return _roll_back_nodes(args, settings, epoch, "fast", "gpu_nodes", args.rollout_id)
+
+
+def _confirmed_exit(report):
+    return EXIT_OK if report["nodes_confirmed"] == report["nodes_total"] else EXIT_PUSH_FAILED
 
 
 def _abort_without_store(args, exc):
     """An abort whose store could not be written (unreachable, no leader, no space, a login
-    refused): the nodes come first. rollback.yml, with no epoch given, raises each node's
-    fence one above its own and sets weight 0, as it does whenever the store does not
-    answer; the rollout's records are not marked (nothing could write them), and the next
-    canary start brings the store up to the nodes' epoch, which fences them."""
-    push_rc = _push_abort(args.inventory, None, args.reason)
-    result = {"store_error": exc.message, "fence": None, "waves": {}, "push_rc": push_rc}
+    refused): the nodes come first. Every node is pushed and raises its own fence one above
+    its epoch; the rollout's records are not marked (nothing could write them), and the
+    next canary start brings the store up to the nodes' epoch, which fences them."""
+    rolled = _push_abort(args, {}, None)
+    result = {"store_error": exc.message, "fence": None, "waves": {}, "rollback": rolled}
     _emit(
         args,
         result,
-        "the store was not updated (%s); rollback.yml pushed weight 0 with each node's own "
-        "fence: %s"
-        % (exc.message, "every node confirmed" if push_rc == 0 else "exit %d" % push_rc),
+        "the store was not updated (%s); every node was pushed weight 0 with its own fence: "
+        "%s" % (exc.message, rollback_command.summary_line(rolled)),
     )
-    return EXIT_OK if push_rc == 0 else EXIT_PUSH_FAILED
+    return _confirmed_exit(rolled)
+
+
+def _rollback(args):
+    """`zerolayer rollback`: a store that cannot be found or read does not stop it."""
+    try:
+        settings = _store_settings(args)[0]
+    except FleetError as exc:
+        if exc.details.get("field") != "store_config":
+            raise
+        settings = {}
+    result = _roll_back_nodes(
+        args, settings, None, "deep" if args.deep else "fast", args.hosts, args.rollout_id
+    )
+    line = rollback_command.summary_line(result)
+    _emit(args, result, "%s; the command took %.2f s" % (line, result["command_s"]))
+    return _confirmed_exit(result)
 
 
 def _read_sink_file(path):
@@ -625,7 +667,10 @@ def run(argv):
             ),
         )
         return EXIT_OK
-    store = _store(args)
+    if args.noun == "rollback":
+        return _rollback(args)
+    settings = _store_settings(args)[0]
+    store = store_from_params(settings)
     verb = args.verb
     if verb == "status":
         draws, shown = 0, None
@@ -677,8 +722,8 @@ def run(argv):
             return _abort_without_store(args, exc)
         status = EXIT_OK
         if args.inventory:
-            result["push_rc"] = _push_abort(args.inventory, result["fence"]["epoch"], args.reason)
-            status = EXIT_OK if result["push_rc"] == 0 else EXIT_PUSH_FAILED
+            result["rollback"] = _push_abort(args, settings, result["fence"]["epoch"])
+            status = _confirmed_exit(result["rollback"])
         # Told after the act, by the fleet's sender: a slow receiver holds nothing up.
         result["notifications"] = notify.hand_off(store)
         _emit(
@@ -688,10 +733,10 @@ def run(argv):
             % (
                 result["fence"]["epoch"],
                 ", ".join("%s %s" % (n, w["outcome"]) for n, w in sorted(result["waves"].items())),
-                ""
+                "; " + rollback_command.summary_line(result["rollback"])
                 if args.inventory
-                else "; push weight 0 with: ansible-playbook "
-                "playbooks/rollback.yml -e rollback_fence_epoch=%d" % result["fence"]["epoch"],
+                else "; push weight 0 with: zerolayer rollback -i INVENTORY (or ansible-playbook "
+                "playbooks/rollback.yml -e rollback_fence_epoch=%d)" % result["fence"]["epoch"],
             ),
         )
         return status

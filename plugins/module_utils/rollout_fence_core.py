@@ -90,7 +90,7 @@ def fence_call(params, check_mode=False, diff=False):
         return dict(store_failure(exc), changed=False, fence=None, store_updated=False)
     result = {"changed": True, "fence": after, "store_updated": not check_mode}
     if counting:
-        result["absent"] = None if present is None else sorted(set(params["nodes"]) - set(present))
+        result["absent"] = absent_watchers(params["nodes"], present)
         result.update(count_acks_or_none(store, params, after["epoch"], enough_of(params, present)))
     if diff:
         result["diff"] = {"before": before, "after": after}
@@ -139,8 +139,17 @@ def wait_acks(params):
     except MODULE_FAILURES:
         present = None
     counted = count_acks_or_none(store, params, params["epoch"], enough_of(params, present))
-    absent = None if present is None else sorted(set(params["nodes"]) - set(present))
+    absent = absent_watchers(params["nodes"], present)
     return dict(counted, changed=False, absent=absent)
+
+
+def absent_watchers(nodes, present):
+    """The nodes asked whose watcher keeps no presence key, or None where presence tells
+    nothing: not read, or no key in the whole store (watchers of a release before presence,
+    which the count waits for as it always did: see enough_of)."""
+    if not present:
+        return None
+    return sorted(set(nodes) - set(present))
 
 
 def enough_of(params, present):

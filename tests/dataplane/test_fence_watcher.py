@@ -1,6 +1,7 @@
 """The node's fence watcher against a real etcd and a real router: one store write, every
 node rolled back and acknowledged; outages and bad records change nothing."""
 
+import functools
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import Etc
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from waiting import wait_until as _wait_until
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes
 from .test_deep_rollback_sticky import boot_attach, write_config
@@ -111,14 +113,8 @@ def watcher(routed, etcd, tmp_path, netns):
         process.kill()
 
 
-def wait_until(check, what, seconds=20):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "waited %d s for %s" % (seconds, what)
-        time.sleep(0.01)
+# Polled often: tests here time the watcher's answers.
+wait_until = functools.partial(_wait_until, interval=0.01)
 
 
 def ack_of(store, node=NODE):

@@ -446,6 +446,35 @@ def test_abort_with_a_node_unreachable_and_an_engine_failing_rolls_back_the_rest
     assert "fence epoch rose" in runner.log_path.read_text()
 
 
+def test_the_rollback_command_pushes_only_the_node_whose_watcher_is_stopped(
+    fleet, records, baseline, tmp_path
+):
+    """`zerolayer rollback`: the fence and the count in the command's own process, and
+    ansible-playbook started for the one node whose watcher is down, with no wait for it."""
+    fleet.set_weight(50)
+    stopped = fleet.nodes[-1]
+    fleet.exec(stopped, "systemctl", "stop", "zerolayer-fence-watcher.service")
+    report_file = tmp_path / "rollback.json"
+    try:
+        status, said, err = zerolayer_in(
+            fleet.env, "rollback", "-i", fleet.inventory_path, "--report", str(report_file),
+            "--reason", "sandbox: the operator's command",
+        )  # fmt: skip
+    finally:
+        fleet.exec(stopped, "systemctl", "start", "zerolayer-fence-watcher.service")
+    assert status == 0, err
+    for node, routes in fleet.weights().items():
+        assert routes[fleet.route["name"]][0] == 0, node
+    assert said["nodes_confirmed"] == said["nodes_total"] == len(fleet.nodes), said
+    assert sorted(said["confirmed_by_watcher"]) == sorted(set(fleet.nodes) - {stopped}), said
+    assert said["pushed"] == [stopped] and said["watchers_absent"] == [stopped], said
+    assert said["store_updated"] and said["records"]["event_stored"], said
+    assert 0 < said["wall_time_s"] <= said["command_s"], said
+    assert json.loads(report_file.read_text())["fence_epoch"] == said["fence_epoch"]
+    print("zerolayer rollback, %d nodes, 1 pushed: last confirmation %.2f s, command %.2f s"
+          % (len(fleet.nodes), said["wall_time_s"], said["command_s"]))  # fmt: skip
+
+
 SHORT = json.dumps({"canary_schedule": [{"weight": 5, "hold": 4}, {"weight": 100, "hold": 0}]})
 
 

@@ -49,3 +49,22 @@ def no_store_config_of_the_user(tmp_path_factory, monkeypatch):
     run` writes) under the options a test gives: each test sees an empty one of its own."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("xdg-config")))
     monkeypatch.delenv("ZEROLAYER_STORE_CONFIG", raising=False)
+
+
+@pytest.fixture
+def watchers(tmp_path, etcd_url, store):
+    """watchers(node) -> a WatcherProcess (call .start()); every one is killed at the end."""
+    from .watcher_processes import WatcherProcess
+
+    started = []
+
+    def watcher(node):
+        process = WatcherProcess(str(tmp_path / node), etcd_url, store.prefix, node)
+        started.append(process)
+        return process
+
+    try:
+        yield watcher
+    finally:
+        for process in started:
+            process.kill()

@@ -22,27 +22,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records im
 )
 
 from .adhoc import run_module
+from .planted_records import SCHEDULE, T0, completed, planted, record_of
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCHEDULE = [{"weight": 1, "hold": 60}, {"weight": 20, "hold": 60}, {"weight": 100}]
-T0 = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
-
-
-def planted(store, rollout_id="chat-a", waves=("wave_canary", "wave_rest"), epoch=0, hold=True):
-    """Records as a runner leaves them: the first wave holding stage 1, the rest planned."""
-    for index, wave in enumerate(waves):
-        records = StoreRecords(store, "%s/%s" % (rollout_id, wave))
-        record, _c, _n = rollout.plan(None, "%s:%s" % (rollout_id, wave), SCHEDULE, None, False,
-                                      T0, "runner@ctl", epoch=epoch)  # fmt: skip
-        if index == 0 and hold:
-            record, _c = rollout.apply(record, "stage_started", {"stage": 0}, T0, "runner@ctl")
-            record, _c = rollout.apply(record, "hold_started", {}, T0, "runner@ctl")
-        records.write(record, 0)
-    return store
-
-
-def record_of(store, key):
-    return StoreRecords(store, key).read()[0]
 
 
 def test_pause_is_seen_by_the_runner_at_its_next_evaluation(store):
@@ -280,20 +262,25 @@ def test_the_command_gives_a_distinct_exit_status_per_outcome(etcd_url, store):
 
 def test_abort_with_the_store_down_still_pushes_weight_0_to_the_nodes(monkeypatch, capsys):
     """The store cannot be written (here: nothing listens): with an inventory the abort still
-    runs rollback.yml, without an epoch, so that each node fences itself; without one, or
-    for a bad id the store refused, nothing is pushed."""
+    rolls the inventory's nodes back, without an epoch and without a store, so that each
+    node fences itself; without one, or for a bad id the store refused, nothing is pushed.
+    (The push itself: tests/store/test_rollback_command.py.)"""
     pushed = []
 
-    def push(inventories, epoch, reason):
-        pushed.append((inventories, epoch, reason))
-        return 0
+    def push(args, settings, epoch):
+        pushed.append((args.inventory, settings, epoch, args.reason))
+        return {"mode": "fast", "nodes_confirmed": 1, "nodes_total": 1, "wall_time_s": 0.5,
+                "budget_s": 30, "within_budget": True, "confirmed_by_watcher": [],
+                "pushed": ["n1"], "store_updated": False, "store_error": "down",
+                "unreachable": [], "not_confirmed": []}  # fmt: skip
 
     monkeypatch.setattr(rollout_cli, "_push_abort", push)
     down = ["--endpoints", "http://127.0.0.1:9", "-o", "json", "rollout", "abort", "chat-a"]
     assert rollout_cli.main([*down, "-i", "inv.yml", "--reason", "p99"]) == rollout_cli.EXIT_OK
-    assert pushed == [(["inv.yml"], None, "p99")]
+    assert pushed == [(["inv.yml"], {}, None, "p99")]
     said = json.loads(capsys.readouterr().out)
-    assert said["push_rc"] == 0 and said["fence"] is None and said["store_error"], said
+    assert said["rollback"]["pushed"] == ["n1"], said
+    assert said["fence"] is None and said["store_error"], said
     pushed.clear()
     assert rollout_cli.main(down) == rollout_cli.EXIT_UNREACHABLE and pushed == []
 
@@ -336,23 +323,6 @@ def test_status_shows_each_node_with_the_split_its_stage_measured(store):
 
 
 # ---------------------------------------------------------------- finished rollouts
-
-
-def completed(store, rollout_id, created_at, epoch=0):
-    """One wave walked through every stage to completed, as a runner leaves it."""
-    records = StoreRecords(store, "%s/wave_all" % rollout_id)
-    record, _c, _n = rollout.plan(None, "%s:wave_all" % rollout_id, SCHEDULE, None, False,
-                                  created_at, "runner@ctl", epoch=epoch)  # fmt: skip
-    for index in range(len(SCHEDULE)):
-        record, _c = rollout.apply(record, "stage_started", {"stage": index}, created_at, "r")
-        record, _c = rollout.apply(record, "hold_started", {}, created_at, "r")
-        record, _c = rollout.apply(record, "stage_completed", {}, created_at, "r")
-    read_back = {"weight": 100, "generation": 9}
-    confirmed = {"nodes": {"n1": read_back, "n2": read_back}}
-    record, _c = rollout.apply(record, "weight_confirmed", confirmed, created_at, "r")
-    record, _c = rollout.apply(record, "completed", {}, created_at, "r")
-    records.write(record, 0)
-    assert record["outcome"] == "completed"
 
 
 def test_a_completed_rollout_rolled_back_since_never_reads_completed(store):

@@ -35,8 +35,10 @@ def complete(*words):
 
 
 def test_nouns_then_verbs():
-    assert complete("zerolayer", "") == ["completion", "config", "notifications", "rollout"]
-    assert complete("zerolayer", "ro") == ["rollout"]
+    assert complete("zerolayer", "") == [
+        "completion", "config", "notifications", "rollback", "rollout"]  # fmt: skip
+    assert complete("zerolayer", "ro") == ["rollback", "rollout"]
+    assert complete("zerolayer", "rollo") == ["rollout"]
     assert complete("zerolayer", "rollout", "st") == ["status"]
     assert "list" in complete("zerolayer", "rollout", "")
     assert complete("zerolayer", "notifications", "s") == ["set", "show"]
@@ -44,13 +46,15 @@ def test_nouns_then_verbs():
 
 def test_an_option_s_value_is_not_taken_for_the_noun():
     assert complete("zerolayer", "-o", "json", "rollout", "pa") == ["pause"]
-    assert complete("zerolayer", "--store-config", "f.json", "ro") == ["rollout"]
+    assert complete("zerolayer", "--store-config", "f.json", "rollo") == ["rollout"]
+    assert complete("zerolayer", "-i", "inv", "rollb") == ["rollback"]
 
 
 def test_options_anywhere_and_nothing_after_the_verb():
     assert complete("zerolayer", "rollout", "list", "--li") == ["--limit"]
     assert "--store-config" in complete("zerolayer", "rollout", "status", "--st")
     assert complete("zerolayer", "rollout", "status", "chat") == []
+    assert complete("zerolayer", "rollback", "--de") == ["--deep"]
 
 
 def test_watch_redraws_only_the_lines_that_changed():
