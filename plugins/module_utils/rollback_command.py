@@ -9,8 +9,8 @@ node confirmed, writes the report, records the event and copies the records, eac
 about 2 s after the last confirmation at 10 nodes (docs/benchmarks.md). Here everything
 runs in one Python process, in this order:
 
-1. the nodes named from the inventory, read in process (ansible-core's own inventory code,
-   so the same plugins and groups as a playbook sees);
+1. the nodes named from the inventory, read in process (plugin_utils/inventory_hosts.py:
+   ansible-core's own inventory code, so the same plugins and groups as a playbook sees);
 2. the fence raised in the rollout store and the acknowledgements counted, by the same core
    as rollback.yml's first task (rollout_fence_core): watchers without presence are not
    waited for;
@@ -73,39 +73,16 @@ DEEP_DEFAULTS = {"pin_dir": "/sys/fs/bpf/zerolayer", "proxy_unit": "nginx.servic
 STORE_TIMEOUT_S = 2.0
 
 
-def default_report_dir(environ=os.environ):
+def default_report_dir(environ=None):
     """Where rollback.yml writes its reports (rollout_settings' canary_record_dir)."""
-    return os.path.join(environ.get("HOME", "/root"), ".local", "state", "zerolayer", "rollouts")
+    home = (os.environ if environ is None else environ).get("HOME", "/root")
+    return os.path.join(home, ".local", "state", "zerolayer", "rollouts")
 
 
-def default_report_path(mode, now=time.time, environ=os.environ):
+def default_report_path(mode, now=time.time, environ=None):
     """rollback.yml's name for a report: rollback-<mode>-<UTC time>.json."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
     return os.path.join(default_report_dir(environ), "rollback-%s-%s.json" % (mode, stamp))
-
-
-def inventory_nodes(inventories, pattern):
-    """The inventory's hosts matching pattern, in ansible-core's order, read in this process
-    (the inventory plugins a playbook would load, the configured inventory when none is
-    given). FleetError naming --hosts when none matches: nothing has been changed then."""
-    # Imported here: ansible-core's inventory code is this command's alone (the modules
-    # that share this file's neighbours never load it).
-    from ansible import constants
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import init_plugin_loader
-
-    init_plugin_loader(constants.COLLECTIONS_PATHS)
-    sources = list(inventories) or constants.DEFAULT_HOST_LIST
-    manager = InventoryManager(loader=DataLoader(), sources=sources)
-    nodes = [host.name for host in manager.get_hosts(pattern)]
-    if not nodes:
-        raise FleetError(
-            "--hosts %r matches no node of the inventory %s; nothing was changed"
-            % (pattern, " ".join(sources) if isinstance(sources, list) else sources),
-            {"field": "hosts", "outcome": "bad_input"},
-        )
-    return nodes
 
 
 def _fence_params(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch=None):

@@ -492,7 +492,12 @@ def _roll_back_nodes(args, settings, epoch, mode, pattern, rollout_id=None):
     confirm pushed, then the report written and the records and the event stored. Returns
     the report, with the command's time to this point (command_s)."""
     started_at = process_started_at()
-    nodes = rollback_command.inventory_nodes(args.inventory, pattern)
+    # Controller code (ansible-core's inventory), loaded only by the commands that name nodes.
+    from ansible_collections.zerolayer.fleet.plugins.plugin_utils.inventory_hosts import (
+        inventory_nodes,
+    )
+
+    nodes = inventory_nodes(args.inventory, pattern)
     result = rollback_command.roll_back(
         settings, nodes, mode, args.reason, _actor(), args.inventory, started_at,
         ack_wait_s=getattr(args, "ack_wait", None), epoch=epoch,
