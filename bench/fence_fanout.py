@@ -1188,6 +1188,24 @@ def run_size(args, size, mode, watchers, members, push_processes=None, presence=
 RUN_DIMENSIONS = ("mode", "nodes", "watchers", "push_processes", "presence", "store_members")
 
 
+def ratio_table(caption, pairs, columns):
+    """Markdown lines of a side-by-side table: per (new, old) pair, its mode and nodes, then
+    new / old for each (heading, key) of columns. [] when there is no pair."""
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "Side by side, %s:" % caption,
+        "",
+        "| mode | nodes | %s |" % " | ".join(heading for heading, _key in columns),
+        "| --- | ---: |%s" % (" ---: |" * len(columns)),
+    ]
+    for new, old in pairs:
+        cells = [_ratio(new[key], old[key]) for _heading, key in columns]
+        lines.append("| %s | %d | %s |" % (new["mode"], new["nodes"], " | ".join(cells)))
+    return lines
+
+
 def side_by_side(results, varied, is_new):
     """(new, old) pairs of runs alike in every dimension but `varied`, where is_new(new) and
     not is_new(old): a ratio then shows what that one dimension changed."""
@@ -1254,25 +1272,13 @@ def render(all_runs, command, started, skipped, load_before):
                r["reaction_cpu_ms_mean"], r["load_1m_after"])
         )  # fmt: skip
     with_presence = side_by_side(results, "presence", lambda run: run.get("presence") == "on")
-    if with_presence:
-        lines += [
-            "",
-            "Side by side, presence on / off (below 1: on took less):",
-            "",
-            "| mode | nodes | report s | whole process s | count waited s | push s "
-            "| ack seen max s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for r, o in with_presence:
-            lines.append(
-                "| %s | %d | %s | %s | %s | %s | %s |"
-                % (r["mode"], r["nodes"],
-                   _ratio(r["report_wall_time_s"], o["report_wall_time_s"]),
-                   _ratio(r["process_s"], o["process_s"]),
-                   _ratio(r["count_waited_s"], o["count_waited_s"]),
-                   _ratio(r["push_s"], o["push_s"]),
-                   _ratio(r["ack_seen_max_s"], o["ack_seen_max_s"]))
-            )  # fmt: skip
+    lines += ratio_table(
+        "presence on / off (below 1: on took less)",
+        with_presence,
+        [("report s", "report_wall_time_s"), ("whole process s", "process_s"),
+         ("count waited s", "count_waited_s"), ("push s", "push_s"),
+         ("ack seen max s", "ack_seen_max_s")],
+    )  # fmt: skip
     lines += [
         "",
         "The store: steady (every watcher connected, before the rollback, for the seconds "
@@ -1304,23 +1310,12 @@ def render(all_runs, command, started, skipped, load_before):
                _or_dash(r.get("presence_longest_gap_s")))
         )  # fmt: skip
     pairs = side_by_side(results, "watchers", lambda run: run["watchers"] == "multiplexed")
-    if pairs:
-        lines += [
-            "",
-            "Side by side, multiplexed / threads (below 1: the multiplexed run took less):",
-            "",
-            "| mode | nodes | report s | ack seen max s | watches open s | nodes' CPU s |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
-        ]
-        for r, t in pairs:
-            lines.append(
-                "| %s | %d | %s | %s | %s | %s |"
-                % (r["mode"], r["nodes"],
-                   _ratio(r["report_wall_time_s"], t["report_wall_time_s"]),
-                   _ratio(r["ack_seen_max_s"], t["ack_seen_max_s"]),
-                   _ratio(r["watchers_connected_s"], t["watchers_connected_s"]),
-                   _ratio(r["nodes_cpu_s"], t["nodes_cpu_s"]))
-            )  # fmt: skip
+    lines += ratio_table(
+        "multiplexed / threads (below 1: the multiplexed run took less)",
+        pairs,
+        [("report s", "report_wall_time_s"), ("ack seen max s", "ack_seen_max_s"),
+         ("watches open s", "watchers_connected_s"), ("nodes' CPU s", "nodes_cpu_s")],
+    )  # fmt: skip
     sharded = side_by_side(results, "push_processes", lambda run: bool(run.get("push_shards")))
     if sharded:
         lines += [

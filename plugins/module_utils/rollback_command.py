@@ -202,7 +202,8 @@ def roll_back(store_settings, nodes, mode, reason, actor, inventories, started_a
     fence_epoch = None
     if counted.get("store_updated"):
         fence_epoch = (counted.get("fence") or {}).get("epoch")
-    lagging = [node for node in nodes if node in set(counted.get("lagging") or [])]
+    lagging_set = set(counted.get("lagging") or [])
+    lagging = [node for node in nodes if node in lagging_set]
     pushed, shards = push(lagging, mode, fence_epoch, reason, inventories, env=env)
     # With no node lagging, the rollback ended when the count saw the last acknowledgement.
     confirmed_at = counted.get("ended_at_unix") if not lagging else None

@@ -295,10 +295,6 @@ def _store_settings(args):
     )
 
 
-def _store(args):
-    return store_from_params(_store_settings(args)[0])
-
-
 def _actor():
     return "%s@%s" % (getpass.getuser(), socket.gethostname())
 
@@ -498,8 +494,9 @@ def _roll_back_nodes(args, settings, epoch, mode, pattern, rollout_id=None):
     )
 
     nodes = inventory_nodes(args.inventory, pattern)
+    actor = _actor()
     result = rollback_command.roll_back(
-        settings, nodes, mode, args.reason, _actor(), args.inventory, started_at,
+        settings, nodes, mode, args.reason, actor, args.inventory, started_at,
         ack_wait_s=getattr(args, "ack_wait", None), epoch=epoch,
     )  # fmt: skip
     # The person's wait ends with the last confirmation; what follows only reports.
@@ -507,7 +504,7 @@ def _roll_back_nodes(args, settings, epoch, mode, pattern, rollout_id=None):
         result, getattr(args, "report", None) or rollback_command.default_report_path(mode)
     )
     result["records"] = rollback_command.record_after(
-        settings, result, _actor(), rollout_id, rollback_command.default_report_dir()
+        settings, result, actor, rollout_id, rollback_command.default_report_dir()
     )
     result["command_s"] = round(time.time() - started_at, 3)
     return result
