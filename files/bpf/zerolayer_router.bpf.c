@@ -4,9 +4,10 @@
  * leave the choice to the kernel (the proxy bound to the port gets it) or hand
  * the connection to a model engine's own listening socket.
  *
- * The choice is a pure function of the connection's 4-tuple, the route's weight and
- * cohorts (zl_cohorts_v4/v6) and the node's seeds (zl_config). It must be: with SYN cookies the final ACK runs this lookup again and
- * has to land on the same socket as the SYN did.
+ * The choice is a pure function of the connection's 4-tuple (of the client's address
+ * alone on a route that hashes by client), the route's weight and cohorts
+ * (zl_cohorts_v4/v6) and the node's seeds (zl_config). It must be: with SYN cookies the
+ * final ACK runs this lookup again and has to land on the same socket as the SYN did.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -101,6 +102,13 @@ struct {
 	__type(value, struct zl_cohort_counters);
 } zl_cohort_ctrs SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, ZL_MAX_CLIENTS);
+	__type(key, struct zl_client_key);
+	__type(value, struct zl_client_seen);
+} zl_clients SEC(".maps");
+
 /* splitmix64's finaliser: every input bit moves about half the output bits. */
 static __always_inline __u64 zl_mix(__u64 x)
 {
@@ -127,6 +135,21 @@ static __always_inline __u64 zl_tuple_hash(const struct bpf_sk_lookup *ctx, __u6
 	}
 	h = zl_mix(h ^ ((__u64)ctx->remote_port << 16 | ctx->local_port));
 	return h;
+}
+
+/*
+ * The client's address alone (route flag ZL_ROUTE_HASH_CLIENT): every connection of one
+ * client hashes the same, so it takes one path and one engine socket. Seeded like the
+ * 4-tuple hash, so no client can tell in advance which path its address gets.
+ */
+static __always_inline __u64 zl_client_hash(const struct bpf_sk_lookup *ctx, __u64 seed)
+{
+	__u64 h;
+
+	if (ctx->family == AF_INET)
+		return zl_mix(seed ^ ctx->remote_ip4);
+	h = zl_mix(seed ^ ((__u64)ctx->remote_ip6[0] << 32 | ctx->remote_ip6[1]));
+	return zl_mix(h ^ ((__u64)ctx->remote_ip6[2] << 32 | ctx->remote_ip6[3]));
 }
 
 static __always_inline __u32 zl_log2(__u64 v)
@@ -249,6 +272,32 @@ static __always_inline __u32 zl_cohort(const struct bpf_sk_lookup *ctx, __u32 in
 	return set ? *set : 0;
 }
 
+/*
+ * Notes the path the weight gave a client of a hash-by-client route, with the weight word
+ * it was decided with, in zl_clients: user space counts addresses per path at the current
+ * weight. Writes only when the entry differs, so a known client costs one lookup.
+ */
+static __always_inline void zl_note_client(const struct bpf_sk_lookup *ctx, __u32 index,
+					   __u32 weight_word, __u32 direct)
+{
+	struct zl_client_seen seen = { .weight_word = weight_word, .direct = direct };
+	struct zl_client_key key = { .route_index = index, .family = ctx->family };
+	struct zl_client_seen *known;
+
+	if (ctx->family == AF_INET) {
+		__builtin_memcpy(key.addr, &ctx->remote_ip4, 4);
+	} else {
+		__u32 ip6[4] = { ctx->remote_ip6[0], ctx->remote_ip6[1], ctx->remote_ip6[2],
+				 ctx->remote_ip6[3] };
+
+		__builtin_memcpy(key.addr, ip6, 16);
+	}
+	known = bpf_map_lookup_elem(&zl_clients, &key);
+	if (known && known->weight_word == weight_word && known->direct == direct)
+		return;
+	bpf_map_update_elem(&zl_clients, &key, &seen, BPF_ANY);
+}
+
 /* Times a sample of decisions only: the clock costs more than the decision. */
 static __always_inline int zl_timed(__u64 weight_hash)
 {
@@ -263,10 +312,11 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	struct zl_config *config;
 	struct zl_route *route;
 	__u32 *weight_bp;
-	__u64 weight_hash, started_ns = 0;
+	__u64 weight_hash, decision_hash, started_ns = 0;
 	struct bpf_sock *sk;
 	__u32 port, index, limit, live, nth, wanted_family, weight_word, cohort, config_key = 0;
-	int timed, opt_in = 0;
+	__u32 direct = 0;
+	int timed, by_client = 0, note_client = 0, opt_in = 0;
 
 	asm volatile("r0 = %[stamp]" : : [stamp] "i"(ZL_BUILD_STAMP) : "r0");
 
@@ -280,6 +330,7 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	config = bpf_map_lookup_elem(&zl_config, &config_key);
 	if (!config)
 		return SK_PASS;
+	/* The sample of timed decisions stays one of connections, whatever the route hashes. */
 	weight_hash = zl_tuple_hash(ctx, config->seed_weight);
 	timed = zl_timed(weight_hash);
 	if (timed)
@@ -297,7 +348,8 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	/*
 	 * The decision order: the opt-out cohort (never_direct) wins over the opt-in cohort
 	 * (always_direct, only while the weight word's opt-in bit is set), which wins over
-	 * the weight's hash. Each is a function of the 4-tuple and the maps, as before.
+	 * the weight's hash (of the 4-tuple, or of the client's address on a route that
+	 * hashes by client). Each is a function of the connection and the maps, as before.
 	 */
 	weight_word = *weight_bp;
 	cohort = zl_cohort(ctx, index);
@@ -306,7 +358,11 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 		goto out;
 	}
 	opt_in = cohort == ZL_COHORT_ALWAYS_DIRECT && (weight_word & ZL_WEIGHT_OPT_IN);
-	if (!opt_in && weight_hash % ZL_WEIGHT_SCALE >= (weight_word & ZL_WEIGHT_BP_MASK)) {
+	by_client = (route->flags & ZL_ROUTE_HASH_CLIENT) != 0;
+	decision_hash = by_client ? zl_client_hash(ctx, config->seed_weight) : weight_hash;
+	/* Only clients the weight decides are noted: a cohort's path does not depend on it. */
+	note_client = by_client && !opt_in;
+	if (!opt_in && decision_hash % ZL_WEIGHT_SCALE >= (weight_word & ZL_WEIGHT_BP_MASK)) {
 		counters->to_proxy_by_weight++;
 		goto out;
 	}
@@ -316,7 +372,11 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	live = zl_live_slots(index, limit, wanted_family, &sk);
 	if (!sk)
 		goto no_socket;
-	nth = live > 1 ? zl_tuple_hash(ctx, config->seed_slot) % live : 0;
+	if (live > 1)
+		nth = (by_client ? zl_client_hash(ctx, config->seed_slot)
+				 : zl_tuple_hash(ctx, config->seed_slot)) % live;
+	else
+		nth = 0;
 	if (nth) {
 		bpf_sk_release(sk);
 		sk = zl_nth_live_socket(index, limit, wanted_family, nth);
@@ -325,6 +385,7 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	}
 	if (bpf_sk_assign(ctx, sk, 0) == 0) {
 		counters->to_engine++;
+		direct = 1;
 		if (opt_in)
 			cohort_counters->to_engine_opt_in++;
 	} else
@@ -335,6 +396,8 @@ no_socket:
 	/* Raced with an engine going away, or none registered: the proxy takes it. */
 	counters->fallback_no_socket++;
 out:
+	if (note_client)
+		zl_note_client(ctx, index, weight_word, direct);
 	if (timed)
 		zl_record_latency(started_ns);
 	return SK_PASS;

@@ -30,9 +30,11 @@
  *    zl_weights (the weight leaves zl_route, so a rollback is one blind write).
  * 3: adds the cohorts: zl_cohorts_v4, zl_cohorts_v6 (client sets by source CIDR) and
  *    zl_cohort_ctrs; the high bit of a zl_weights value enables the opt-in cohort.
+ * 4: adds zl_clients (the addresses a hash-by-client route decided) and gives the route
+ *    entry a flags word (the former legacy_weight_bp): ZL_ROUTE_HASH_CLIENT.
  * User space refuses pins whose layout it does not know (route_codec.MAP_SPECS).
  */
-#define ZL_LAYOUT_VERSION 3
+#define ZL_LAYOUT_VERSION 4
 /* Bits of a zl_families value: the address families a slot's socket can take. */
 #define ZL_TAKES_IPV4 1
 #define ZL_TAKES_IPV6 2
@@ -42,10 +44,12 @@ struct zl_route {
 	char name[ZL_ROUTE_NAME_LEN];
 	__u32 port;        /* same as the key; kept for readers of the value alone */
 	/*
-	 * Layout 1 only: the route's weight. Since layout 2 the weight is in zl_weights,
-	 * the program does not read this, and user space writes 0 here.
+	 * Layout 1: the route's weight in basis points. Since layout 2 the weight is in
+	 * zl_weights; since layout 4 the high 16 bits are ZL_ROUTE_* flags. The low 16 bits
+	 * are never read: a route written by layout 1 and not rewritten since may still hold
+	 * its old weight there (at most 10000), and that must not read as a flag.
 	 */
-	__u32 legacy_weight_bp;
+	__u32 flags;
 	__u64 generation;  /* bumped by user space on every write of this entry */
 	__u32 route_index; /* selects the sockets slots and the counters of this route */
 	/*
@@ -57,6 +61,14 @@ struct zl_route {
 	 */
 	__u32 slot_limit;
 };
+
+/*
+ * The route hashes the client's address alone, not the 4-tuple (route option hash: client):
+ * every connection of one client takes one path at a given weight, and one engine socket
+ * among several. Set only while the pinned program uses zl_clients (a layout 3 program
+ * would not read it, and would hash by connection without a word).
+ */
+#define ZL_ROUTE_HASH_CLIENT 0x00010000u
 
 /*
  * zl_sockets: BPF_MAP_TYPE_SOCKMAP, key __u32, value __u64 (the socket cookie
@@ -134,6 +146,27 @@ struct zl_cohort_key_v6 {
 struct zl_cohort_counters {
 	__u64 to_engine_opt_in;  /* opt-in clients assigned to an engine (also in to_engine) */
 	__u64 to_proxy_opt_out;  /* opt-out clients left to the proxy (in no zl_counters field) */
+};
+
+/*
+ * zl_clients: BPF_MAP_TYPE_LRU_HASH, at most ZL_MAX_CLIENTS entries (layout 4). For routes
+ * that hash by client only: the path the weight gave each client address, so user space can
+ * count addresses (the canary's measured split is then a split of addresses, not of
+ * connections). The program looks the address up and writes only when the entry differs,
+ * so a client's steady state costs one lookup. Clients of a cohort are not noted: their
+ * path does not depend on the weight. The least recently seen addresses make room.
+ */
+#define ZL_MAX_CLIENTS 65536
+
+struct zl_client_key {
+	__u32 route_index;
+	__u32 family;  /* AF_INET or AF_INET6, as in the sk_lookup context */
+	__u8 addr[16]; /* network order; an IPv4 address in the first 4 bytes, the rest 0 */
+};
+
+struct zl_client_seen {
+	__u32 weight_word; /* the route's zl_weights value the decision was made with */
+	__u32 direct;      /* 1: assigned to an engine socket, 0: left to the proxy */
 };
 
 /* zl_counters: BPF_MAP_TYPE_PERCPU_ARRAY, key __u32 route index. */

@@ -122,8 +122,9 @@ def add_maps_of_newer_layout(layout):
     Routes, sockets and counters stay where they are; the old program keeps running on
     them until the link swaps to the new one. Pins of layout 1 get the node's own seeds
     here, so the paths of new connections are drawn once more at that upgrade (never again
-    after); pins of layout 2 keep theirs (every tuple keeps its path) and zl_config records
-    the new layout. The cohort maps start empty and no weight word has its opt-in bit.
+    after); pins of layout 2 or 3 keep theirs (every tuple keeps its path) and zl_config
+    records the new layout. The cohort maps and zl_clients start empty, no weight word has its
+    opt-in bit and no route its hash-by-client flag: every route keeps hashing by connection.
     """
     version = pinned_layout_version(layout)
     if version is None or version == LAYOUT_VERSION:

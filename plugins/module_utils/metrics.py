@@ -1,6 +1,7 @@
 # Copyright: zerolayer.fleet contributors
 # Apache License 2.0 (see LICENSE)
-"""Per-route counters and the decision-time histogram, summed over CPUs."""
+"""Per-route counters and the decision-time histogram, summed over CPUs; the client
+addresses a hash-by-client route decided (zl_clients), counted per path."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    CLIENTS_MAP,
     COHORT_COUNTERS_MAP,
     COUNTERS_MAP,
     LATENCY_MAP,
@@ -15,6 +17,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened_map,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    CLIENT_KEY,
+    CLIENT_SEEN,
     COHORT_COUNTER_FIELDS,
     COHORT_COUNTERS_VALUE,
     COUNTER_FIELDS,
@@ -22,7 +26,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     LATENCY_BUCKETS,
     LATENCY_SAMPLE_EVERY,
     LATENCY_VALUE,
+    MAX_CLIENTS,
     PORT_KEY,
+    weight_word,
 )
 
 
@@ -65,6 +71,52 @@ def read_cohort_counters(layout, route_index):
             for field, value in zip(COHORT_COUNTER_FIELDS, values):
                 totals[field] += value
     return totals
+
+
+def read_client_entries(layout):
+    """Every zl_clients entry as {raw key: (weight word, direct)}; {} on pins without it.
+
+    The program adds entries and the LRU drops them while this walks the map, and a key
+    dropped under the walk makes the kernel start again from the first key: each key is
+    kept once, and the walk ends after twice the map's capacity of steps whatever happens.
+    """
+    entries = {}
+    if not has_map(layout, CLIENTS_MAP):
+        return entries
+    with opened_map(layout, CLIENTS_MAP, read_only=True) as fd:
+        key = bpf_syscall.map_next_key(fd, None, CLIENT_KEY.size)
+        for _step in range(2 * MAX_CLIENTS):
+            if key is None:
+                break
+            if key not in entries:
+                raw = bpf_syscall.map_lookup(fd, key, CLIENT_SEEN.size)
+                if raw is not None:
+                    entries[key] = CLIENT_SEEN.unpack(raw)
+            key = bpf_syscall.map_next_key(fd, key, CLIENT_KEY.size)
+    return entries
+
+
+def client_route_index(key):
+    """The route index of a zl_clients key."""
+    return CLIENT_KEY.unpack_from(key)[0]
+
+
+def count_client_addresses(entries, routes):
+    """{route_index: {to_engine, to_proxy}} of each route: the client addresses it decided
+    at its current weight word (read_client_entries), by the path they took.
+
+    An address decided at another weight is noted again, with the new word, at its next
+    connection: after a weight change the counts grow with the clients that come. An entry
+    of an earlier stretch at the same word counts too: the hash gives an address the same
+    path at the same weight.
+    """
+    words = {route.route_index: weight_word(route.weight_bp, route.opt_in) for route in routes}
+    counts = {index: {"to_engine": 0, "to_proxy": 0} for index in words}
+    for key, (word, direct) in entries.items():
+        index = client_route_index(key)
+        if index in words and words[index] == word:
+            counts[index]["to_engine" if direct else "to_proxy"] += 1
+    return counts
 
 
 def read_latency_buckets(layout):

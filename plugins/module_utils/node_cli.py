@@ -131,14 +131,14 @@ def build_parser():
 
     set_weight = add(
         "set-weight",
-        "one atomic write of a route's weight (percent, 0-100) and, with it, its cohorts",
+        "one atomic write of a route's weight (percent, 0-100) and, with it, its cohorts and hash",
     )
     set_weight.add_argument("--route", required=True)
     set_weight.add_argument(
         "--weight",
         default=None,
-        help="percent, at most two decimals (required unless a cohort option is given; "
-        "omitted: unchanged)",
+        help="percent, at most two decimals (required unless a cohort option or --hash is "
+        "given; omitted: unchanged)",
     )
     set_weight.add_argument(
         "--always-direct",
@@ -153,6 +153,14 @@ def build_parser():
         default=None,
         metavar="CIDR[,CIDR...]",
         help="the opt-out cohort: client networks left to the proxy at any weight; '' clears; "
+        "omitted: unchanged",
+    )
+    set_weight.add_argument(
+        "--hash",
+        default=None,
+        metavar="connection|client",
+        help="what the split hashes: connection (the 4-tuple, each connection on its own) or "
+        "client (the client's address alone: one path, and one engine socket, per client); "
         "omitted: unchanged",
     )
     _add_epoch(set_weight, WRITER_EPOCH_HELP)
@@ -176,7 +184,11 @@ def build_parser():
     )
     _add_epoch(register, WRITER_EPOCH_HELP)
 
-    add("show", "router state, routes, weights, slots, counters and the fence epoch")
+    add(
+        "show",
+        "router state, routes, weights, hashes, slots, counters (client addresses per path for "
+        "a route that hashes by client) and the fence epoch",
+    )
     direct = add(
         "direct",
         "count each route's established direct-path connections (pooled clients the router "
@@ -295,15 +307,23 @@ def _percent(weight_bp):
 def cmd_set_weight(args, config):
     from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
 
-    if args.weight is None and args.always_direct is None and args.never_direct is None:
+    if (
+        args.weight is None
+        and args.always_direct is None
+        and args.never_direct is None
+        and args.hash is None
+    ):
         raise UsageError(
-            "set-weight: --weight is required unless --always-direct or --never-direct is given",
+            "set-weight: --weight is required unless --always-direct, --never-direct or --hash "
+            "is given",
             "weight",
         )
     layout = _layout(args, config)
     routes.validate_route_name(args.route, "route")
     if args.weight is not None:
         routes.parse_weight(args.weight, "weight")
+    if args.hash is not None:
+        routes.parse_hash_mode(args.hash, "hash")
     always = _cidr_list(args.always_direct)
     never = _cidr_list(args.never_direct)
     routes.require_route(layout, args.route)
@@ -314,6 +334,7 @@ def cmd_set_weight(args, config):
         epoch=args.epoch,
         always_direct=always,
         never_direct=never,
+        hash_mode=args.hash,
     )
     confirmed = routes.find_route(routes.read_routes(layout), args.route)
     output = {
@@ -331,6 +352,9 @@ def cmd_set_weight(args, config):
         output["before"].update(result["cohorts_before"] or {})
         output["after"].update(result["cohorts_after"])
         output["after"]["opt_in"] = confirmed.opt_in
+    if args.hash is not None:
+        output["before"]["hash"] = result["before"].hash_mode
+        output["after"]["hash"] = confirmed.hash_mode
     return output
 
 

@@ -7,7 +7,8 @@
 <pin_dir>/link         the BPF link attaching the program to a netns
 <pin_dir>/maps/<name>  zl_routes, zl_sockets, zl_counters, zl_latency (layout 1),
                        zl_config, zl_families, zl_weights (layout 2),
-                       zl_cohorts_v4, zl_cohorts_v6, zl_cohort_ctrs (layout 3)
+                       zl_cohorts_v4, zl_cohorts_v6, zl_cohort_ctrs (layout 3),
+                       zl_clients (layout 4)
 
 Every map is checked against route_codec.MAP_SPECS when it is opened: a pin of another
 layout (another value size, say) is refused before anything is read into a buffer of
@@ -82,6 +83,7 @@ MAP_NAMES = tuple(spec.name for spec in MAP_SPECS)
     COHORTS_V4_MAP,
     COHORTS_V6_MAP,
     COHORT_COUNTERS_MAP,
+    CLIENTS_MAP,
 ) = MAP_NAMES
 
 
@@ -345,8 +347,8 @@ def read_layout_config(layout):
         check_map(fd, CONFIG_MAP, path)
         raw = bpf_syscall.map_lookup(fd, CONFIG_KEY.pack(0), CONFIG_VALUE.size)
     version, _reserved, seed_weight, seed_slot = CONFIG_VALUE.unpack(raw)
-    # Pins of the previous layout (2) keep working until an attach adds the maps they lack;
-    # their zl_config says 2 as long as they have no layout 3 map.
+    # Pins of a previous layout (2 or 3) keep working until an attach adds the maps they
+    # lack; their zl_config says their layout as long as they have no map of a later one.
     if version != LAYOUT_VERSION and not (
         2 <= version < LAYOUT_VERSION and pinned_layout_version(layout) == version
     ):

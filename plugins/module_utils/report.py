@@ -8,12 +8,15 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import read_slots
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    count_client_addresses,
     latency_summary,
+    read_client_entries,
     read_cohort_counters,
     read_counters,
     read_latency_buckets,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import HASH_BY_CLIENT
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import router_state
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
     has_cohorts,
@@ -23,9 +26,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
 )
 
 
-def route_report(layout, route, cohort_entries=None):
-    """A route with its weight (bp and percent), generation, slots, counters and (layout 3)
-    its cohorts: always_direct and never_direct as the program applies them."""
+def route_report(layout, route, cohort_entries=None, clients=None):
+    """A route with its weight (bp and percent), generation, hash, slots, counters, (layout 3)
+    its cohorts: always_direct and never_direct as the program applies them, and for a route
+    that hashes by client its client addresses at the current weight per path (clients:
+    {to_engine, to_proxy}, from metrics.count_client_addresses)."""
     report = route.as_dict()
     report["slots"] = {
         str(slot): cookie for slot, cookie in sorted(read_slots(layout, route.route_index).items())
@@ -37,6 +42,8 @@ def route_report(layout, route, cohort_entries=None):
     if cohort_entries is not None:
         report["opt_in"] = route.opt_in
         report.update(route_cohorts(route, cohort_entries))
+    if clients is not None:
+        report["clients"] = clients
     return report
 
 
@@ -52,6 +59,11 @@ def router_report(layout):
     if missing_pins(layout):
         return report
     entries = read_cohort_entries(layout) if has_cohorts(layout) else None
-    report["routes"] = [route_report(layout, route, entries) for route in read_routes(layout)]
+    routes = read_routes(layout)
+    by_client = [route for route in routes if route.hash_mode == HASH_BY_CLIENT]
+    clients = count_client_addresses(read_client_entries(layout), by_client) if by_client else {}
+    report["routes"] = [
+        route_report(layout, route, entries, clients.get(route.route_index)) for route in routes
+    ]
     report["latency"] = latency_summary(read_latency_buckets(layout))
     return report

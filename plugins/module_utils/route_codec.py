@@ -23,8 +23,9 @@ LATENCY_BUCKETS = 64
 # One decision in 2**LATENCY_SAMPLE_SHIFT is timed into the latency histogram.
 LATENCY_SAMPLE_SHIFT = 4
 LATENCY_SAMPLE_EVERY = 1 << LATENCY_SAMPLE_SHIFT
-# The pinned maps' layout (ZL_LAYOUT_VERSION); 1 was the first release's, 3 adds the cohorts.
-LAYOUT_VERSION = 3
+# The pinned maps' layout (ZL_LAYOUT_VERSION); 1 was the first release's, 3 adds the cohorts,
+# 4 the route's flags word (hash by client) and zl_clients.
+LAYOUT_VERSION = 4
 # A zl_weights value (layout 3): the weight in basis points in its low bits, and the bit
 # that enables the route's opt-in cohort (always_direct). A rollback's blind 0 clears both.
 WEIGHT_OPT_IN = 0x80000000
@@ -37,14 +38,29 @@ COHORT_SETS = {COHORT_ALWAYS_DIRECT: "always_direct", COHORT_NEVER_DIRECT: "neve
 # The route index's bits that come before the address in a cohort key.
 COHORT_INDEX_BITS = 32
 BPF_F_NO_PREALLOC = 1
+# A route's hash (route option hash): the 4-tuple, or the client's address alone. The
+# route entry's flags word (layout 4) says client with ROUTE_HASH_CLIENT, a bit above the
+# low 16 bits, which may still hold a weight layout 1 wrote there (see encode_route).
+HASH_BY_CONNECTION = "connection"
+HASH_BY_CLIENT = "client"
+HASH_MODES = (HASH_BY_CONNECTION, HASH_BY_CLIENT)
+ROUTE_HASH_CLIENT = 0x00010000
+ROUTE_LEGACY_WEIGHT_MASK = 0x0000FFFF
+# zl_clients (layout 4): the addresses a hash-by-client route decided, least recently seen
+# ones making room.
+MAX_CLIENTS = 65536
 TAKES_IPV4 = 1
 TAKES_IPV6 = 2
+# The address families as the sk_lookup context gives them (zl_clients keys).
+AF_INET = 2
+AF_INET6 = 10
 
 # Maps hold host-endian values; '=' is native order with standard sizes and no padding,
 # which matches the C structs because every field there is naturally aligned.
 PORT_KEY = struct.Struct("=I")
 SOCKET_KEY = struct.Struct("=I")
 SOCKET_VALUE = struct.Struct("=Q")  # cookie when read, fd when written
+# name, port, the flags word (layout 1: the weight), generation, route_index, slot_limit
 ROUTE_VALUE = struct.Struct("=%dsIIQII" % ROUTE_NAME_LEN)
 COUNTERS_VALUE = struct.Struct("=5Q")
 LATENCY_VALUE = struct.Struct("=Q")
@@ -57,6 +73,8 @@ COHORT_KEY_V6 = struct.Struct("=II16s")
 COHORT_VALUE = struct.Struct("=I")  # COHORT_ALWAYS_DIRECT or COHORT_NEVER_DIRECT
 COHORT_COUNTERS_VALUE = struct.Struct("=2Q")
 COHORT_COUNTER_FIELDS = ("to_engine_opt_in", "to_proxy_opt_out")
+CLIENT_KEY = struct.Struct("=II16s")  # route index, family (AF_INET/AF_INET6), address
+CLIENT_SEEN = struct.Struct("=II")  # the weight word decided with, direct (1) or proxy (0)
 COUNTER_FIELDS = (
     "lookups",
     "to_engine",
@@ -69,6 +87,7 @@ COUNTER_FIELDS = (
 MAP_TYPE_HASH = 1
 MAP_TYPE_ARRAY = 2
 MAP_TYPE_PERCPU_ARRAY = 6
+MAP_TYPE_LRU_HASH = 9
 MAP_TYPE_LPM_TRIE = 11
 MAP_TYPE_SOCKMAP = 15
 
@@ -159,6 +178,7 @@ MAP_SPECS = (
         MAX_ROUTES,
         since_layout=3,
     ),
+    MapSpec("zl_clients", MAP_TYPE_LRU_HASH, CLIENT_KEY.size, CLIENT_SEEN.size, MAX_CLIENTS, 4),
 )
 MAP_SPEC_BY_NAME = {spec.name: spec for spec in MAP_SPECS}
 
@@ -172,13 +192,34 @@ class Route:
     slot_limit: the route's sockets are in slots below it (0: unknown, the program
     looks at every slot); engine_sockets keeps it one above the highest live slot.
     opt_in: the weight word's opt-in bit (layout 3): the route's always_direct entries
-    apply. Compared only when set, so routes of older layouts compare as before.
+    apply. hash_mode: HASH_BY_CONNECTION or HASH_BY_CLIENT (layout 4, the entry's flags).
+    Each compared only when not the default, so routes of older layouts compare as before.
     """
 
-    __slots__ = ("generation", "name", "opt_in", "port", "route_index", "slot_limit", "weight_bp")
+    __slots__ = (
+        "generation",
+        "hash_mode",
+        "name",
+        "opt_in",
+        "port",
+        "route_index",
+        "slot_limit",
+        "weight_bp",
+    )
 
-    def __init__(self, name, port, weight_bp, generation, route_index, slot_limit=0, opt_in=False):
+    def __init__(
+        self,
+        name,
+        port,
+        weight_bp,
+        generation,
+        route_index,
+        slot_limit=0,
+        opt_in=False,
+        hash_mode=HASH_BY_CONNECTION,
+    ):
         self.name = name
+        self.hash_mode = hash_mode
         self.opt_in = bool(opt_in)
         self.port = port
         self.weight_bp = weight_bp
@@ -191,8 +232,12 @@ class Route:
 
     def __repr__(self):
         return (
-            "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d, slot_limit=%d%s)"
-            % (*self.as_tuple()[:6], ", opt_in=True" if self.opt_in else "")
+            "Route(%r, port=%d, weight_bp=%d, generation=%d, route_index=%d, slot_limit=%d%s%s)"
+            % (
+                *self.as_tuple()[:6],
+                ", opt_in=True" if self.opt_in else "",
+                ", hash_mode=%r" % self.hash_mode if self.hash_mode != HASH_BY_CONNECTION else "",
+            )
         )
 
     def as_tuple(self):
@@ -204,7 +249,11 @@ class Route:
             self.route_index,
             self.slot_limit,
         )
-        return (*fields, True) if self.opt_in else fields
+        if self.opt_in:
+            fields += (True,)
+        if self.hash_mode != HASH_BY_CONNECTION:
+            fields += (self.hash_mode,)
+        return fields
 
     def replace(self, **changes):
         """A copy with some fields changed."""
@@ -221,14 +270,19 @@ class Route:
             "generation": self.generation,
             "route_index": self.route_index,
             "slot_limit": self.slot_limit,
+            "hash": self.hash_mode,
         }
 
 
 def encode_route(route):
+    """The bytes of a zl_routes value. The flags word carries the weight in its low 16 bits
+    (layout 1 reads it there; callers on later layouts give weight_bp 0) and the flags above
+    them: a weight layout 1 left there is at most 10000 and can never read as a flag."""
+    flags = ROUTE_HASH_CLIENT if route.hash_mode == HASH_BY_CLIENT else 0
     return ROUTE_VALUE.pack(
         route.name.encode("ascii"),
         route.port,
-        route.weight_bp,
+        route.weight_bp | flags,
         route.generation,
         route.route_index,
         route.slot_limit,
@@ -236,22 +290,55 @@ def encode_route(route):
 
 
 def decode_route(raw):
-    name, port, weight_bp, generation, route_index, slot_limit = ROUTE_VALUE.unpack(
+    """A zl_routes value as a Route: weight_bp is the flags word's low 16 bits (the weight on
+    layout 1, what layout 1 left there or 0 later), hash_mode its ROUTE_HASH_CLIENT bit."""
+    name, port, word, generation, route_index, slot_limit = ROUTE_VALUE.unpack(
         raw[: ROUTE_VALUE.size]
     )
     return Route(
         name.split(b"\0", 1)[0].decode("ascii", "replace"),
         port,
-        weight_bp,
+        word & ROUTE_LEGACY_WEIGHT_MASK,
         generation,
         route_index,
         slot_limit,
+        hash_mode=HASH_BY_CLIENT if word & ROUTE_HASH_CLIENT else HASH_BY_CONNECTION,
     )
 
 
+def parse_hash_mode(value, field="hash"):
+    """HASH_BY_CONNECTION or HASH_BY_CLIENT, given exactly; refuses anything else naming field
+    and the allowed values."""
+    if isinstance(value, str) and value in HASH_MODES:
+        return value
+    raise FleetError(
+        "%s must be one of %s (connection: the 4-tuple, each connection on its own; client: "
+        "the client's address alone, all its connections on one path); got %r"
+        % (field, ", ".join(HASH_MODES), value),
+        {"field": field, "value": repr(value), "allowed": list(HASH_MODES)},
+    )
+
+
+def encode_client_key(route_index, address):
+    """The zl_clients key of one client address (an ipaddress address) on a route."""
+    family = AF_INET if address.version == 4 else AF_INET6
+    return CLIENT_KEY.pack(route_index, family, address.packed)
+
+
+def decode_client_key(raw):
+    """(route_index, ipaddress address) of a zl_clients key."""
+    route_index, family, packed = CLIENT_KEY.unpack(raw)
+    return route_index, ipaddress.ip_address(packed[:4] if family == AF_INET else packed)
+
+
+def weight_word(weight_bp, opt_in=False):
+    """A zl_weights value as a number: the weight, and the opt-in bit when enabled."""
+    return weight_bp | (WEIGHT_OPT_IN if opt_in else 0)
+
+
 def encode_weight_word(weight_bp, opt_in=False):
-    """The 4 bytes of a zl_weights value: the weight, and the opt-in bit when enabled."""
-    return WEIGHT_VALUE.pack(weight_bp | (WEIGHT_OPT_IN if opt_in else 0))
+    """The 4 bytes of a zl_weights value."""
+    return WEIGHT_VALUE.pack(weight_word(weight_bp, opt_in))
 
 
 def decode_weight_word(raw):

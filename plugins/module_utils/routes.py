@@ -11,6 +11,10 @@ and zl_cohorts_v6): never_direct (the proxy at any weight) and always_direct (an
 any weight, while the route's weight word carries the opt-in bit). The weight and the
 opt-in bit are one 4-byte word, so the blind 0 of a rollback clears both in one write.
 
+Since layout 4 a route hashes by connection (the 4-tuple) or by client (its address alone):
+a flag in the route's entry, written with the entry, which a rollback leaves as it is. The
+router notes the addresses of a hash-by-client route in zl_clients (metrics.py counts them).
+
 Writers hold the router's writer lock; a fast rollback does not wait for it. It raises
 the node's fence and writes 0 into every weight, blind. A writer whose critical section
 saw the fence rise under it (it may have written a weight after the rollback's zero)
@@ -33,7 +37,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     read_fence,
     store_epoch_reader,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    client_route_index,
+    read_client_entries,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    CLIENTS_MAP,
     COHORT_COUNTERS_MAP,
     COHORTS_V4_MAP,
     COHORTS_V6_MAP,
@@ -58,6 +67,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     COHORT_VALUE,
     COUNTERS_VALUE,
     FAMILIES_VALUE,
+    HASH_BY_CLIENT,
+    LAYOUT_VERSION,
     MAX_ROUTES,
     MAX_SLOTS,
     PORT_KEY,
@@ -74,6 +85,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     encode_route,
     encode_weight_word,
     parse_cohort,
+    parse_hash_mode,
     parse_weight,
     socket_key,
     validate_port,
@@ -82,7 +94,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
 
 
 def read_route_entries(layout):
-    """The route map's entries as stored (on layout 2 their weight field is the legacy 0)."""
+    """The route map's entries as stored (since layout 2 their weight is what the flags
+    word's low 16 bits hold: 0, or what layout 1 left there; the weight is in zl_weights)."""
     with opened_map(layout, ROUTES_MAP, read_only=True) as fd:
         entries = []
         for key in bpf_syscall.map_keys(fd, PORT_KEY.size):
@@ -239,7 +252,9 @@ def fenced_writer(layout, what, epoch=None):
 
 
 def _write_route(layout, entry, new):
-    """Write a route's entry and weight: the weight first, so a new route starts at it."""
+    """Write a route's entry and weight: the weight first, so a new route starts at it.
+
+    The entry carries the route's flags (its hash) and generation: one atomic update."""
     if has_map(layout, WEIGHTS_MAP):
         with opened_map(layout, WEIGHTS_MAP) as fd:
             bpf_syscall.map_update(
@@ -247,7 +262,7 @@ def _write_route(layout, entry, new):
                 PORT_KEY.pack(entry.route_index),
                 encode_weight_word(entry.weight_bp, entry.opt_in),
             )
-        stored = entry.replace(weight_bp=0)  # the entry's legacy weight field stays 0
+        stored = entry.replace(weight_bp=0)  # the flags word's legacy weight bits stay 0
     else:
         stored = entry
     with opened_map(layout, ROUTES_MAP) as fd:
@@ -306,6 +321,17 @@ def _reset_route_slots_and_counters(layout, route_index):
         with opened_map(layout, COHORT_COUNTERS_MAP) as fd:
             zeroes = COHORT_COUNTERS_VALUE.pack(0, 0) * bpf_syscall.possible_cpus()
             bpf_syscall.map_update(fd, PORT_KEY.pack(route_index), zeroes)
+    _forget_clients(layout, route_index)
+
+
+def _forget_clients(layout, route_index):
+    """Delete the client addresses a former route with this index left in zl_clients (the
+    LRU may have dropped some already: gone is gone)."""
+    stale = [key for key in read_client_entries(layout) if client_route_index(key) == route_index]
+    if stale:
+        with opened_map(layout, CLIENTS_MAP) as fd:
+            for key in stale:
+                bpf_syscall.map_delete(fd, key)
 
 
 def _delete_cohort_entries(layout, entries):
@@ -331,11 +357,16 @@ def _write_cohort_entries(layout, route_index, always, never):
                     )
 
 
-def plan_route(routes, name, port=None, weight=None):
-    """The entry to write for route name (None when nothing changes); validates everything."""
+def plan_route(routes, name, port=None, weight=None, hash_mode=None):
+    """The entry to write for route name (None when nothing changes); validates everything.
+
+    hash_mode: HASH_BY_CONNECTION or HASH_BY_CLIENT; None keeps the route's (a new route
+    hashes by connection).
+    """
     name = validate_route_name(name)
     port = validate_port(port) if port is not None else None
     weight_bp = parse_weight(weight) if weight is not None else None
+    hash_mode = parse_hash_mode(hash_mode) if hash_mode is not None else None
     current = find_route(routes, name)
     if port is not None:
         holder = next(
@@ -355,16 +386,22 @@ def plan_route(routes, name, port=None, weight=None):
                 % (name, known),
                 {"field": "name", "value": name},
             )
-        return Route(name, port, weight_bp or 0, 1, _free_route_index(routes))
+        created = Route(name, port, weight_bp or 0, 1, _free_route_index(routes))
+        return created.replace(hash_mode=hash_mode) if hash_mode is not None else created
     if port is not None and port != current.port:
         raise FleetError(
             "port of route %r is %d and cannot change in place; remove the route and create it "
             "again with port %d" % (name, current.port, port),
             {"field": "port", "value": port},
         )
-    if weight_bp is None or weight_bp == current.weight_bp:
+    changes = {}
+    if weight_bp is not None and weight_bp != current.weight_bp:
+        changes["weight_bp"] = weight_bp
+    if hash_mode is not None and hash_mode != current.hash_mode:
+        changes["hash_mode"] = hash_mode
+    if not changes:
         return None
-    return current.replace(weight_bp=weight_bp, generation=current.generation + 1)
+    return current.replace(generation=current.generation + 1, **changes)
 
 
 def _parse_cohorts(layout, always_direct, never_direct):
@@ -415,6 +452,17 @@ def _plan_cohorts(layout, routes, name, before, port, always, never):
     return now, after, own
 
 
+def _program_uses(layout, map_name):
+    """Whether the pinned program uses the pinned map map_name, i.e. is of the layout that
+    brought it. No program pinned: True (nothing runs, and the next attach loads one)."""
+    if not os.path.exists(layout.prog):
+        return True
+    with opened_map(layout, map_name, read_only=True) as map_fd:
+        map_id = bpf_syscall.map_info(map_fd)["id"]
+    with opened(layout.prog, read_only=True) as prog_fd:
+        return map_id in bpf_syscall.prog_map_ids(prog_fd)
+
+
 def _require_program_with_cohorts(layout):
     """Refuse to set an opt-in bit that the pinned program would read as a weight.
 
@@ -423,19 +471,47 @@ def _require_program_with_cohorts(layout):
     word is a weight far above 100%: every connection direct. No program pinned: nothing
     runs, and the next attach loads one that knows the bit.
     """
-    if not os.path.exists(layout.prog):
-        return
-    with opened_map(layout, COHORTS_V4_MAP, read_only=True) as map_fd:
-        cohort_map_id = bpf_syscall.map_info(map_fd)["id"]
-    with opened(layout.prog, read_only=True) as prog_fd:
-        uses = cohort_map_id in bpf_syscall.prog_map_ids(prog_fd)
-    if not uses:
+    if not _program_uses(layout, COHORTS_V4_MAP):
         raise FleetError(
             "always_direct: the program pinned at %s predates the cohorts (it does not use "
             "zl_cohorts_v4) and would read the opt-in bit as a weight; attach the router "
             "(zerolayer.fleet.router state=attached) to upgrade the program first. Nothing was "
             "written" % layout.prog,
             {"field": "always_direct", "path": layout.prog},
+        )
+
+
+def _parse_hash(layout, hash_mode):
+    """hash_mode validated (None: keep the route's); client refused on pins without
+    zl_clients (an older layout), before anything is read."""
+    if hash_mode is None:
+        return None
+    hash_mode = parse_hash_mode(hash_mode)
+    if hash_mode == HASH_BY_CLIENT and not has_map(layout, CLIENTS_MAP):
+        raise FleetError(
+            "hash: the pins under %s are of a layout without hashing by client; attach the "
+            "router (zerolayer.fleet.router state=attached) to upgrade them to layout %d. "
+            "Nothing was written" % (layout.pin_dir, LAYOUT_VERSION),
+            {"field": "hash", "value": hash_mode},
+        )
+    return hash_mode
+
+
+def _require_program_with_client_hash(layout):
+    """Refuse the hash-by-client flag while the pinned program predates it.
+
+    An attach adds zl_clients before it loads the new program; where that load failed, the
+    program of layout 3 still runs on pins of layout 4. It never reads the route's flags
+    word: it would go on hashing by connection, and the route would say client. No program
+    pinned: nothing runs, and the next attach loads one that reads the flag.
+    """
+    if not _program_uses(layout, CLIENTS_MAP):
+        raise FleetError(
+            "hash: the program pinned at %s predates hashing by client (it does not use "
+            "zl_clients) and would go on hashing by connection; attach the router "
+            "(zerolayer.fleet.router state=attached) to upgrade the program first. Nothing was "
+            "written" % layout.prog,
+            {"field": "hash", "path": layout.prog},
         )
 
 
@@ -477,8 +553,9 @@ def set_route(
     epoch=None,
     always_direct=None,
     never_direct=None,
+    hash_mode=None,
 ):
-    """Create route name, or change its weight or cohorts; returns changed/before/after
+    """Create route name, or change its weight, cohorts or hash; returns changed/before/after
     (Route or None) and cohorts_before/cohorts_after ({always_direct, never_direct}).
 
     epoch is the writer's fence epoch (None: it carries none); a write that raises the
@@ -486,10 +563,14 @@ def set_route(
     than the node's fence, or above the rollout store's, is refused (fence.admit).
     always_direct/never_direct: lists of CIDRs that replace the route's ([] clears; None
     keeps, except that weight 0 without always_direct clears the opt-in cohort too).
+    hash_mode: HASH_BY_CONNECTION or HASH_BY_CLIENT (None keeps the route's; a new route
+    hashes by connection). Not fenced: it moves no share of traffic, only which clients get
+    it; a rollback's zeros leave it as it is.
     warnings: what the write could not check (the store down).
     """
     require_maps(layout)
     always, never = _parse_cohorts(layout, always_direct, never_direct)
+    hash_mode = _parse_hash(layout, hash_mode)
     if always is None and weight is not None and parse_weight(weight) == 0 and has_cohorts(layout):
         # Weight 0 is how a drain (and a rollback on pins without zl_weights) sends nothing
         # direct: it takes the opt-in cohort with it, in the same write of the weight word.
@@ -500,7 +581,7 @@ def set_route(
         routes = read_routes(layout)
         before = find_route(routes, name)
         _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never)
-        entry = plan_route(routes, name, port, weight)
+        entry = plan_route(routes, name, port, weight, hash_mode)
         cohorts_before = cohorts_after = own = None
         if has_cohorts(layout):
             cohorts_before, cohorts_after, own = _plan_cohorts(
@@ -527,6 +608,10 @@ def set_route(
             return result
         if entry.opt_in and not (before is not None and before.opt_in):
             _require_program_with_cohorts(layout)
+        if entry.hash_mode == HASH_BY_CLIENT and (
+            before is None or before.hash_mode != HASH_BY_CLIENT
+        ):
+            _require_program_with_client_hash(layout)
         opens = cohorts_before is not None and (
             set(cohorts_after["always_direct"]) - set(cohorts_before["always_direct"])
             or set(cohorts_before["never_direct"]) - set(cohorts_after["never_direct"])
@@ -610,7 +695,7 @@ def sync_slot_limit(layout, route, live_slots, check_mode=False):
         raw = bpf_syscall.map_lookup(fd, encode_port(route.port), ROUTE_VALUE.size)
         if raw is None:
             return False
-        current = decode_route(raw)  # the entry as stored: its legacy weight field stays
+        current = decode_route(raw)  # the entry as stored: its flags word stays as it is
         if current.slot_limit == limit:
             return False
         if not check_mode:

@@ -11,7 +11,8 @@ description:
   - Creates, changes or removes one route of the sk_lookup router pinned under O(pin_dir).
   - A route maps a local TCP O(port) to a O(weight); that share of new connections (decided by a
     hash of the
-    connection's addresses and ports, so a given client address and port always takes the same path)
+    connection's addresses and ports, so a given client address and port always takes the same path;
+    or of the client's address alone with O(hash=client))
     goes to the
     engine sockets registered with M(zerolayer.fleet.engine_socket); the rest goes to the proxy
     bound to the port.
@@ -63,6 +64,23 @@ options:
     type: list
     elements: str
     version_added: 0.3.0
+  hash:
+    description:
+      - What the route's split hashes. V(connection) - the connection's addresses and ports, each
+        new connection decided on its own (a client's connections spread over both paths at the
+        weight). V(client) - the client's address alone, with the node's secret seed - at a
+        given weight one client takes one path, and one engine socket among several, on all its
+        connections (prefix and KV-cache locality, one experience per user).
+      - With V(client) the split is one of client addresses, not of connections - clients behind
+        one NAT share an address and so a path - and the router notes each address's path, which
+        M(zerolayer.fleet.route_info) counts (C(clients)) for the canary's measured split.
+      - Left unchanged when omitted; a new route hashes by V(connection). Not fenced, and a
+        rollback leaves it as it is (weight 0 sends every client to the proxy either way).
+      - V(client) needs the router's map layout 4 and a program that reads it - refused,
+        changing nothing, until M(zerolayer.fleet.router) has attached the current object.
+    type: str
+    choices: [connection, client]
+    version_added: 0.3.0
   state:
     description: Whether the route should exist.
     type: str
@@ -100,6 +118,11 @@ EXAMPLES = r"""
     always_direct: [10.20.0.0/16, "2001:db8:20::/48"]
     never_direct: [198.51.100.0/24]
 
+- name: One path per client at the weight (all its connections to the same engine or proxy)
+  zerolayer.fleet.route:
+    name: chat
+    hash: client
+
 - name: Clear the opt-in cohort
   zerolayer.fleet.route:
     name: chat
@@ -135,6 +158,10 @@ route:
     route_index:
       description: Index of the route's engine slots and counters.
       type: int
+    hash:
+      description: What the route's split hashes - V(connection) or V(client).
+      type: str
+      sample: client
     opt_in:
       description: Whether the route's O(always_direct) cohort applies (the opt-in bit of its
         weight word; a rollback clears it).
@@ -148,20 +175,21 @@ route:
       type: list
       elements: str
   sample: {name: chat, port: 8080, weight: 5, weight_bp: 500, generation: 3, route_index: 0,
-    opt_in: true, always_direct: [10.20.0.0/16], never_direct: []}
+    hash: connection, opt_in: true, always_direct: [10.20.0.0/16], never_direct: []}
 before:
-  description: Weight (percent and basis points), generation and cohorts before the change; null if
-    the route did not exist.
+  description: Weight (percent and basis points), generation, hash and cohorts before the change;
+    null if the route did not exist.
   returned: always
   type: dict
-  sample: {weight: 1, weight_bp: 100, generation: 2, always_direct: [], never_direct: []}
-after:
-  description: Weight (percent and basis points), generation and cohorts after the change; null if
-    the route is absent.
-  returned: always
-  type: dict
-  sample: {weight: 5, weight_bp: 500, generation: 3, always_direct: [10.20.0.0/16],
+  sample: {weight: 1, weight_bp: 100, generation: 2, hash: connection, always_direct: [],
     never_direct: []}
+after:
+  description: Weight (percent and basis points), generation, hash and cohorts after the change;
+    null if the route is absent.
+  returned: always
+  type: dict
+  sample: {weight: 5, weight_bp: 500, generation: 3, hash: connection,
+    always_direct: [10.20.0.0/16], never_direct: []}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -184,6 +212,7 @@ def _summary(route, cohorts):
         "weight": data["weight"],
         "weight_bp": data["weight_bp"],
         "generation": data["generation"],
+        "hash": data["hash"],
     }
     summary.update(cohorts or {"always_direct": [], "never_direct": []})
     return summary
@@ -208,6 +237,7 @@ def main():
             epoch=dict(type="int"),
             always_direct=dict(type="list", elements="str"),
             never_direct=dict(type="list", elements="str"),
+            hash=dict(type="str", choices=["connection", "client"]),
             **layout_options(),
         ),
         supports_check_mode=True,
@@ -225,6 +255,7 @@ def main():
                 epoch=params["epoch"],
                 always_direct=params["always_direct"],
                 never_direct=params["never_direct"],
+                hash_mode=params["hash"],
             )
         else:
             result = remove_route(layout, params["name"], module.check_mode)

@@ -10,9 +10,10 @@ short_description: Read the routes, engine sockets, counters and state of the sk
 description:
   - Reads, without changing anything, the router pinned under O(pin_dir) - whether its link is
     attached, the
-    program's id and tag, the network namespace; every route with its weight, generation and
+    program's id and tag, the network namespace; every route with its weight, generation, hash and
     registered engine
-    socket cookies per slot; per-route counters summed over CPUs; and the decision-time histogram
+    socket cookies per slot; per-route counters summed over CPUs (and, for a route that hashes by
+    client, its client addresses per path); and the decision-time histogram
     with p50 and p99.
 version_added: 0.1.0
 author:
@@ -97,6 +98,23 @@ routes:
     route_index:
       description: Index of the route's slots and counters.
       type: int
+    hash:
+      description: What the route's split hashes - V(connection) (the 4-tuple) or V(client) (the
+        client's address alone; see M(zerolayer.fleet.route)).
+      type: str
+    clients:
+      description:
+        - Returned for a route that hashes by client only, on pins of layout 4. The client
+          addresses the weight decided at the route's current weight word (weight and opt-in
+          bit), by the path they took - C(to_engine) (handed to an engine socket) and C(to_proxy).
+        - An address decided at another weight counts again once it connects at this one, so
+          after a weight change the counts grow from the clients that come (an earlier stretch
+          at the same weight counts too - an address takes the same path at the same weight).
+          Clients of a cohort are not counted (their path does not follow the weight). The
+          router keeps the 65536 most recently seen addresses of the node; older ones no longer
+          count.
+      type: dict
+      sample: {to_engine: 12, to_proxy: 230}
     slot_limit:
       description: The program looks for engine sockets only in slots below this; kept one
         above the highest registered slot by M(zerolayer.fleet.engine_socket). 0 means not
@@ -132,6 +150,7 @@ routes:
       weight_bp: 500
       generation: 3
       route_index: 0
+      hash: connection
       slot_limit: 1
       slots: {"0": 16451}
       counters: {lookups: 2000, to_engine: 97, to_proxy_by_weight: 1903, fallback_no_socket: 0,

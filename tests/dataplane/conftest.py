@@ -218,13 +218,22 @@ class Netns:
                 pass
 
     def clients(
-        self, port=SERVICE_PORT, count=0, source_ports=(), host="127.0.0.1", source_host=None
+        self,
+        port=SERVICE_PORT,
+        count=0,
+        source_ports=(),
+        host="127.0.0.1",
+        source_host=None,
+        client_hosts=(),
     ):
         """Run http_client.py in the netns and return its JSON report (source_host: the
-        clients' own address, e.g. 127.0.0.2)."""
+        clients' own address, e.g. 127.0.0.2; client_hosts: count connections from each of
+        these addresses, reported per address in by_source_host)."""
         argv = [sys.executable, CLIENT, str(port), "--count", str(count), "--host", host]
         if source_host:
             argv += ["--source-host", source_host]
+        if client_hosts:
+            argv += ["--client-hosts", ",".join(client_hosts)]
         for source_port in source_ports:
             argv += ["--source-port", str(source_port)]
         return json.loads(self.run(argv, timeout=300).stdout)

@@ -1,9 +1,9 @@
 """The router's decision, written again in Python to check the program against.
 
-Mirrors zl_tuple_hash and the slot choice in files/bpf/zerolayer_router.bpf.c
-for IPv4 and IPv6; the values are read from struct bpf_sk_lookup exactly as the program
-reads them (addresses and remote port in network order, local port host order). The
-seeds are the node's own, read from its zl_config map (Seeds.of).
+Mirrors zl_tuple_hash, zl_client_hash (routes that hash by client) and the slot choice in
+files/bpf/zerolayer_router.bpf.c for IPv4 and IPv6; the values are read from struct
+bpf_sk_lookup exactly as the program reads them (addresses and remote port in network order,
+local port host order). The seeds are the node's own, read from its zl_config map (Seeds.of).
 """
 
 import collections
@@ -54,6 +54,14 @@ def tuple_hash(remote_ip, remote_port, local_ip, local_port, seed):
     return mix(h ^ ((port_field(remote_port) << 16 | local_port) & MASK))
 
 
+def client_hash(remote_ip, seed):
+    """zl_client_hash: the client's address alone."""
+    if ":" in remote_ip:
+        high, low = ip6_words(remote_ip)
+        return mix(mix(seed ^ high) ^ low)
+    return mix(seed ^ ip4_field(remote_ip))
+
+
 class Seeds(collections.namedtuple("Seeds", "weight slot")):
     """One node's seeds (zl_config)."""
 
@@ -75,6 +83,17 @@ def is_timed(tuple4, sample_shift, seeds):
 def chosen_slot(tuple4, live_slots, seeds):
     live = sorted(live_slots)
     return live[tuple_hash(*tuple4, seeds.slot) % len(live)]
+
+
+def client_takes_engine_path(client_ip, weight_bp, seeds):
+    """The path of every connection of one client on a route that hashes by client."""
+    return client_hash(client_ip, seeds.weight) % 10000 < weight_bp
+
+
+def client_slot(client_ip, live_slots, seeds):
+    """The engine slot of every connection of one client on a route that hashes by client."""
+    live = sorted(live_slots)
+    return live[client_hash(client_ip, seeds.slot) % len(live)]
 
 
 def sk_lookup_ctx(remote_ip, remote_port, local_ip, local_port, protocol=IPPROTO_TCP):

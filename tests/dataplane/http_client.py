@@ -16,9 +16,12 @@ is left on either side, so ports can be reused at once and never run out.
                                                    127.0.0.1; ::1 for IPv6
     --source-host S                                bind each connection to source address S
                                                    (a client of a cohort, e.g. 127.0.0.2)
+    --client-hosts S1,S2,...                       N connections from each of these source
+                                                   addresses in turn, reported per address
 Prints one JSON object: {"served": {body: count}, "errors": n, "error_samples": [...],
-"by_source_port": {port: [body, ...]}, "failed_source_ports": [port, ...]} (the last: with
---port-range, every failed connection's source port).
+"by_source_port": {port: [body, ...]}, "failed_source_ports": [port, ...],
+"by_source_host": {address: [body, ...]}} (failed_source_ports: with --port-range, every
+failed connection's source port; by_source_host: with --client-hosts).
 """
 
 import argparse
@@ -67,20 +70,21 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port-range")
     parser.add_argument("--source-host")
+    parser.add_argument("--client-hosts")
     args = parser.parse_args()
 
-    served, errors, samples, by_source, failed_ports = {}, 0, [], {}, []
+    served, errors, samples, by_source, failed_ports, by_host = {}, 0, [], {}, [], {}
     cycle = None
     if args.port_range:
         first, last = (int(part) for part in args.port_range.split(":"))
         cycle = itertools.cycle(range(first, last + 1))
 
-    def one(source_port=None):
+    def one(source_port=None, source_host=args.source_host):
         nonlocal errors
         if cycle is not None:
             source_port = next(cycle)
         try:
-            body = fetch(args.host, args.port, source_port, args.source_host)
+            body = fetch(args.host, args.port, source_port, source_host)
         except (OSError, RuntimeError) as exc:
             errors += 1
             if len(samples) < 5:
@@ -92,12 +96,18 @@ def main():
             served[body] = served.get(body, 0) + 1
         if source_port is not None and cycle is None:
             by_source.setdefault(str(source_port), []).append(body)
+        if args.client_hosts:
+            by_host.setdefault(source_host, []).append(body)
 
     if args.until_file:
         # Tell the test we run, then go on until told to stop.
         open(args.until_file + ".started", "w").close()
         while not os.path.exists(args.until_file):
             one()
+    elif args.client_hosts:
+        for _ in range(args.count):
+            for source_host in args.client_hosts.split(","):
+                one(source_host=source_host)
     elif args.source_port:
         for _ in range(args.count):
             for source_port in args.source_port:
@@ -112,6 +122,7 @@ def main():
             "error_samples": samples,
             "by_source_port": by_source,
             "failed_source_ports": failed_ports,
+            "by_source_host": by_host,
         },
         sys.stdout,
     )

@@ -33,6 +33,10 @@ ROUTECTL_CASES = [
     (["set-weight", "--route", "nosuch", "--weight", "5"], "route", "known routes: chat"),
     (["set-weight", "--route", "chat", "--weight", "5", "--epoch", "x"], "epoch", "integer"),
     (["set-weight", "--route", "chat"], "weight", "required"),
+    (["set-weight", "--route", "chat", "--hash", "address"], "hash", "one of connection, client"),
+    (["set-weight", "--route", "chat", "--weight", "5", "--hash", "CLIENT"], "hash",
+     "one of connection, client"),
+    (["set-weight", "--route", "chat", "--hash", ""], "hash", "one of connection, client"),
     (register(slot="9"), "slot", "0 to 7"),
     (register(port="70000"), "port", "1 to 65535"),
     (register(port="0"), "port", "1 to 65535"),
@@ -61,6 +65,8 @@ def test_routectl_refuses_bad_input_and_changes_nothing(attached, argv, field, a
 
 MODULE_CASES = [
     ("route", {"name": "chat", "weight": "250"}, "weight must be a percentage from 0 to 100"),
+    ("route", {"name": "chat", "hash": "address"},
+     "value of hash must be one of: connection, client"),
     ("engine_socket", {"route": "chat", "slot": "9", "listen_port": ENGINE_PORT, "pid": "1"},
      "slot must be an integer from 0 to 7"),
     ("engine_socket", {"route": "nosuch", "slot": "0", "listen_port": ENGINE_PORT, "pid": "1"},

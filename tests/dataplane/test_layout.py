@@ -14,7 +14,7 @@ PROBE = r"""
 int main(void)
 {
     printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct zl_route),
-           offsetof(struct zl_route, port), offsetof(struct zl_route, legacy_weight_bp),
+           offsetof(struct zl_route, port), offsetof(struct zl_route, flags),
            offsetof(struct zl_route, generation), offsetof(struct zl_route, route_index),
            offsetof(struct zl_route, slot_limit),
            sizeof(struct zl_counters), offsetof(struct zl_counters, assign_errors));
@@ -23,6 +23,9 @@ int main(void)
     printf("%zu %zu %zu %d %d %d\n", sizeof(struct zl_config),
            offsetof(struct zl_config, seed_weight), offsetof(struct zl_config, seed_slot),
            ZL_LAYOUT_VERSION, ZL_TAKES_IPV4, ZL_TAKES_IPV6);
+    printf("%zu %zu %zu %zu %u %d\n", sizeof(struct zl_client_key),
+           offsetof(struct zl_client_key, addr), sizeof(struct zl_client_seen),
+           offsetof(struct zl_client_seen, direct), ZL_ROUTE_HASH_CLIENT, ZL_MAX_CLIENTS);
     return 0;
 }
 """
@@ -33,9 +36,9 @@ def test_header_layout_matches_the_codec(tmp_path):
     source.write_text(PROBE)
     binary = str(tmp_path / "probe")
     subprocess.run(["cc", "-I", BPF_DIR, "-o", binary, str(source)], check=True)
-    sizes, constants, config = subprocess.run(
+    sizes, constants, config, clients = subprocess.run(
         [binary], check=True, capture_output=True, text=True
-    ).stdout.split("\n")[:3]
+    ).stdout.split("\n")[:4]
     assert [int(n) for n in sizes.split()] == [
         route_codec.ROUTE_VALUE.size,
         32,
@@ -63,5 +66,13 @@ def test_header_layout_matches_the_codec(tmp_path):
         route_codec.LAYOUT_VERSION,
         route_codec.TAKES_IPV4,
         route_codec.TAKES_IPV6,
+    ]
+    assert [int(n) for n in clients.split()] == [
+        route_codec.CLIENT_KEY.size,
+        8,
+        route_codec.CLIENT_SEEN.size,
+        4,
+        route_codec.ROUTE_HASH_CLIENT,
+        route_codec.MAX_CLIENTS,
     ]
     assert os.path.basename(BPF_DIR) == "bpf"

@@ -117,7 +117,7 @@ def test_maps_of_an_unknown_layout_are_refused(loaded):
         bpf_syscall.map_update(
             fd, CONFIG_KEY.pack(0), CONFIG_VALUE.pack(9, reserved, seed_weight, seed_slot)
         )
-    with pytest.raises(FleetError, match="layout 9, and this router version knows layout 3"):
+    with pytest.raises(FleetError, match="layout 9, and this router version knows layout 4"):
         set_route(loaded, "svc", weight=50)
     with opened(loaded.map(CONFIG_MAP)) as fd:
         assert (

@@ -58,6 +58,7 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
         "weight": 0,
         "weight_bp": 0,
         "generation": 1,
+        "hash": "connection",
         "always_direct": [],
         "never_direct": [],
     }
@@ -75,7 +76,7 @@ def test_modules_end_to_end(layout, netns, router_object, proxy, engine):
     assert netns.clients(count=200)["served"] == {"proxy": 200}  # check mode wrote nothing
 
     raised = ansible("route", name="svc", weight="100", **pin)
-    no_cohorts = {"always_direct": [], "never_direct": []}
+    no_cohorts = {"hash": "connection", "always_direct": [], "never_direct": []}
     assert raised["before"] == {"weight": 0, "weight_bp": 0, "generation": 2, **no_cohorts}
     assert raised["after"] == {"weight": 100, "weight_bp": 10000, "generation": 3, **no_cohorts}
     assert netns.clients(count=200)["served"] == {"engine": 200}
@@ -154,6 +155,8 @@ def test_bad_input_through_module_utils_changes_nothing(layout, netns, router_ob
         ({"name": "bad name", "port": 1234}, "name must be"),
         ({"name": "svc\n", "weight": 5}, "name must be"),
         ({"name": "svc", "weight": 250}, "weight must be a percentage from 0 to 100"),
+        ({"name": "svc", "hash_mode": "sideways"}, "hash must be one of connection, client"),
+        ({"name": "svc", "hash_mode": "Client", "weight": 30}, "hash must be one of"),
     ]
     for kwargs, message in bad_calls:
         with pytest.raises(FleetError, match=message.replace("(", r"\(")):

@@ -1,18 +1,28 @@
-"""Byte layouts of the route map and input checks on names, ports and slots."""
+"""Byte layouts of the route map and input checks on names, ports, slots and the hash."""
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    CLIENT_KEY,
+    CLIENT_SEEN,
     COUNTERS_VALUE,
+    HASH_BY_CLIENT,
+    HASH_BY_CONNECTION,
     MAX_SLOTS,
+    ROUTE_HASH_CLIENT,
     ROUTE_VALUE,
+    WEIGHT_OPT_IN,
     Route,
+    decode_client_key,
     decode_route,
+    encode_client_key,
     encode_route,
+    parse_hash_mode,
     socket_key,
     validate_port,
     validate_route_name,
     validate_slot,
+    weight_word,
 )
 
 
@@ -84,7 +94,7 @@ def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
     from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAP_SPECS
 
     names = [spec.name for spec in MAP_SPECS]
-    assert len(set(names)) == len(names) == 10
+    assert len(set(names)) == len(names) == 11
     assert all(len(name) <= 15 for name in names)  # BPF_OBJ_NAME_LEN 16, NUL included
     assert [spec.name for spec in MAP_SPECS if spec.since_layout == 1] == [
         "zl_routes",
@@ -92,6 +102,7 @@ def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
         "zl_counters",
         "zl_latency",
     ]
+    assert [spec.name for spec in MAP_SPECS if spec.since_layout == 4] == ["zl_clients"]
 
 
 def test_a_map_spec_names_each_difference():
@@ -106,3 +117,57 @@ def test_a_map_spec_names_each_difference():
         "max_entries 128 (expected 64)",
     ]
     assert spec.differences({**info, "value_size": 56, "max_entries": 64}) == []
+
+
+def test_the_hash_by_client_flag_sits_above_the_legacy_weight_bits():
+    by_client = Route("chat", 8080, 0, 3, 1, hash_mode=HASH_BY_CLIENT)
+    raw = encode_route(by_client)
+    assert int.from_bytes(raw[36:40], "little") == ROUTE_HASH_CLIENT == 1 << 16
+    assert decode_route(raw) == by_client
+    assert decode_route(raw).hash_mode == HASH_BY_CLIENT
+    # A weight layout 1 left in the word (at most 10000) never reads as the flag.
+    for legacy_bp in (1, 5, 9999, 10000):
+        left = decode_route(encode_route(Route("chat", 8080, legacy_bp, 3, 1)))
+        assert left.hash_mode == HASH_BY_CONNECTION and left.weight_bp == legacy_bp
+
+
+def test_routes_compare_their_hash_only_when_it_is_client():
+    plain = Route("chat", 8080, 500, 4, 2)
+    assert plain.as_tuple() == ("chat", 8080, 500, 4, 2, 0)
+    assert plain.replace(hash_mode=HASH_BY_CLIENT) != plain
+    assert plain.replace(hash_mode=HASH_BY_CLIENT).as_tuple()[-1] == HASH_BY_CLIENT
+    assert plain.as_dict()["hash"] == HASH_BY_CONNECTION
+    assert "hash_mode='client'" in repr(plain.replace(hash_mode=HASH_BY_CLIENT))
+
+
+@pytest.mark.parametrize("mode", ["connection", "client"])
+def test_valid_hash_modes(mode):
+    assert parse_hash_mode(mode) == mode
+
+
+@pytest.mark.parametrize("value", ["Client", "address", "", " client", None, 1, True, ["client"]])
+def test_invalid_hash_modes_name_the_field_and_the_allowed_values(value):
+    with pytest.raises(FleetError, match=r"^hash must be one of connection, client ") as refused:
+        parse_hash_mode(value)
+    assert refused.value.details["field"] == "hash"
+    assert refused.value.details["allowed"] == ["connection", "client"]
+
+
+def test_client_keys_hold_the_route_the_family_and_the_address():
+    import ipaddress
+
+    v4 = encode_client_key(7, ipaddress.ip_address("192.0.2.9"))
+    assert len(v4) == CLIENT_KEY.size == 24
+    assert int.from_bytes(v4[:4], "little") == 7
+    assert int.from_bytes(v4[4:8], "little") == 2  # AF_INET, as the sk_lookup context says
+    assert v4[8:] == bytes([192, 0, 2, 9]) + b"\0" * 12
+    assert decode_client_key(v4) == (7, ipaddress.ip_address("192.0.2.9"))
+    v6 = encode_client_key(1, ipaddress.ip_address("2001:db8::5"))
+    assert int.from_bytes(v6[4:8], "little") == 10  # AF_INET6
+    assert decode_client_key(v6) == (1, ipaddress.ip_address("2001:db8::5"))
+    assert CLIENT_SEEN.size == 8
+
+
+def test_weight_word_carries_the_opt_in_bit():
+    assert weight_word(2500) == 2500
+    assert weight_word(0, opt_in=True) == WEIGHT_OPT_IN
