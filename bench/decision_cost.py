@@ -11,22 +11,49 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import math
 import os
 import socket
 import statistics
 import struct
 
 import lab
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import find_bpftool
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import read_latency_buckets
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
+from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    register_engine_socket,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+    find_bpftool,
+    load_program,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    histogram_percentile,
+    interpolated_percentile,
+    read_cohort_counters,
+    read_counters,
+    read_latency_buckets,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    PinLayout,
+    ensure_pin_dirs,
+    opened,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    MAX_COHORT_ENTRIES,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 PASS_SOURCE = os.path.join(BENCH_DIR, "bpf", "sk_lookup_pass.bpf.c")
 TEST_RUN_REPEAT = 200000
 TEST_RUN_SAMPLES = 7
+# Cohort variants: this many batches per variant, taken in turns, of this many runs each.
+COHORT_BATCHES = 1000
+COHORT_BATCH_RUNS = 1000
+# The bench's client: wrk connects from it, and the test runs' made-up connection too.
+CLIENT_ADDRESS = "127.0.0.1"
 
 
 def build_pass_program(workdir):
@@ -133,3 +160,210 @@ def test_run_costs(layout, route, local_port, pass_pin):
         }
     )
     return {"repeat": TEST_RUN_REPEAT, "samples": TEST_RUN_SAMPLES, "rows": rows}
+
+
+# Cohorts
+
+
+def parse_cohort_variants(text):
+    """Cohort variants from a comma-separated list: N is N prefixes none of which holds the
+    client (N=1: one always_direct; more: alternately always_direct and never_direct), Nin
+    is N always_direct prefixes one of which is the client's own /32. The variant without
+    cohorts (0) is always measured: every other one is compared with it."""
+    names = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        holds_client = item.endswith("in")
+        count = item[:-2] if holds_client else item
+        if not count.isdigit():
+            raise ValueError(
+                "each cohort variant is a number of prefixes N (none holds the client) or Nin "
+                "(N always_direct prefixes, one of them the client's /32); got %r" % item
+            )
+        prefixes = int(count)
+        if prefixes > MAX_COHORT_ENTRIES or (holds_client and prefixes < 1):
+            raise ValueError(
+                "cohort variant %r: N must be 0 to %d (1 to %d for Nin)"
+                % (item, MAX_COHORT_ENTRIES, MAX_COHORT_ENTRIES)
+            )
+        name = "%din" % prefixes if holds_client else str(prefixes)
+        if name not in names:
+            names.append(name)
+    if "0" in names:
+        names.remove("0")
+    return [cohort_variant(name) for name in ["0", *names]]
+
+
+def cohort_variant(name):
+    """{name, prefixes, holds_client, always_direct, never_direct, title} of variant name.
+
+    The prefixes are /32s packed next to the client (127.0.0.2, .3, ...): the client's
+    lookup walks as deep into the trie as its entries go, the dearest miss it can have.
+    """
+    holds_client = name.endswith("in")
+    prefixes = int(name[:-2] if holds_client else name)
+    first = ipaddress.ip_address(CLIENT_ADDRESS) + (0 if holds_client else 1)
+    cidrs = ["%s/32" % (first + number) for number in range(prefixes)]
+    if holds_client:
+        always, never = cidrs, []
+    else:
+        always, never = cidrs[0::2], cidrs[1::2]
+    if prefixes == 0:
+        title = "none"
+    elif holds_client:
+        title = "%d always_direct, client in it" % prefixes
+    else:
+        title = "%d prefix%s (%d always_direct + %d never_direct), client in none" % (
+            prefixes,
+            "" if prefixes == 1 else "es",
+            len(always),
+            len(never),
+        )
+    return {
+        "name": name,
+        "prefixes": prefixes,
+        "holds_client": holds_client,
+        "always_direct": always,
+        "never_direct": never,
+        "title": title,
+    }
+
+
+def set_cohort_route(layout, route, port, weight, variant):
+    """Route route at weight with the variant's cohorts, as the router module writes them."""
+    cohorts = {}
+    if variant["prefixes"]:
+        cohorts = {
+            "always_direct": variant["always_direct"],
+            "never_direct": variant["never_direct"],
+        }
+    return set_route(layout, route, port=port, weight=weight, **cohorts)["after"]
+
+
+def nearest_rank(values, quantile):
+    """The quantile of values by nearest rank (one of the values, no interpolation)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(quantile * len(ordered)) - 1)]
+
+
+def _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine, variant):
+    """The router of one variant, loaded on maps of its own (not attached), route at weight
+    100 with the variant's cohorts, the engine socket in slot 0; with its two connections."""
+    name = "cohorts-" + variant["name"]
+    layout = PinLayout(
+        os.path.join(bpffs, name), fence_file=os.path.join(workdir, name + "-fence.json")
+    )
+    ensure_pin_dirs(layout)
+    stack.callback(router_lifecycle.remove, layout)
+    load_program(object_path, layout.prog, layout, reuse_maps=False)
+    entry = set_cohort_route(layout, route, local_port, 100, variant)
+    register_engine_socket(
+        layout, route, os.getpid(), engine.getsockname()[1], family="inet", timeout=5
+    )
+    timed, untimed = timed_and_untimed_ctx(layout, local_port)
+    return {
+        "variant": variant,
+        "layout": layout,
+        "route_index": entry.route_index,
+        "timed": timed,
+        "untimed": untimed,
+    }
+
+
+def _path_counters(layout, route_index):
+    counters = read_counters(layout, route_index)
+    counters.update(read_cohort_counters(layout, route_index) or {})
+    return counters
+
+
+def cohort_test_runs(
+    stack, bpffs, workdir, object_path, route, local_port, variants, batches=None, runs=None
+):
+    """ns per decision of each cohort variant under BPF_PROG_TEST_RUN, taken in turns.
+
+    Per batch, every variant in turn (the order reversed every other batch) runs its
+    untimed connection `runs` times, then its timed one `runs` times. Untimed: the
+    program's own cost, one mean per batch. Timed: every run is timed into the variant's
+    own zl_latency, so its histogram holds every single decision (the timed section: from
+    after the tuple hash to the end, the route's maps, the trie, the weight and the socket,
+    plus one clock read). Run with the kernel's run-time accounting off; run_cnt shows
+    whether anyone else held it on meanwhile.
+    """
+    batches = COHORT_BATCHES if batches is None else batches
+    runs = COHORT_BATCH_RUNS if runs is None else runs
+    engine = stack.enter_context(socket.socket())
+    engine.bind((CLIENT_ADDRESS, 0))
+    engine.listen()
+    routers = [
+        _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine, variant)
+        for variant in variants
+    ]
+    samples = {router["variant"]["name"]: {"untimed": [], "timed": []} for router in routers}
+    before = {}
+    with contextlib.ExitStack() as fds:
+        for router in routers:
+            router["fd"] = fds.enter_context(opened(router["layout"].prog))
+            name = router["variant"]["name"]
+            before[name] = {
+                "buckets": read_latency_buckets(router["layout"]),
+                "counters": _path_counters(router["layout"], router["route_index"]),
+                "run_cnt": bpf_syscall.prog_info(router["fd"])["run_cnt"],
+            }
+        for batch in range(batches):
+            for router in routers if batch % 2 == 0 else routers[::-1]:
+                taken = samples[router["variant"]["name"]]
+                for ctx in ("untimed", "timed"):
+                    duration = bpf_syscall.prog_test_run(router["fd"], router[ctx], repeat=runs)[2]
+                    taken[ctx].append(duration)
+        stats_held = {
+            router["variant"]["name"]: bpf_syscall.prog_info(router["fd"])["run_cnt"]
+            - before[router["variant"]["name"]]["run_cnt"]
+            for router in routers
+        }
+    rows = []
+    for router in routers:
+        variant = router["variant"]
+        name = variant["name"]
+        buckets = [
+            new - old
+            for new, old in zip(read_latency_buckets(router["layout"]), before[name]["buckets"])
+        ]
+        counters = _path_counters(router["layout"], router["route_index"])
+        untimed, timed = samples[name]["untimed"], samples[name]["timed"]
+        baseline = samples[routers[0]["variant"]["name"]]["untimed"]
+        rows.append(
+            {
+                "variant": name,
+                "title": variant["title"],
+                "always_direct": len(variant["always_direct"]),
+                "never_direct": len(variant["never_direct"]),
+                "holds_client": variant["holds_client"],
+                "batch_means_ns": untimed,
+                "timed_batch_means_ns": timed,
+                "median_batch_mean_ns": statistics.median(untimed),
+                "mean_ns": statistics.fmean(untimed),
+                "p99_batch_mean_ns": nearest_rank(untimed, 0.99),
+                "above_none_ns": statistics.median(
+                    mine - theirs for mine, theirs in zip(untimed, baseline)
+                ),
+                "timed_median_batch_mean_ns": statistics.median(timed),
+                "histogram_count": sum(buckets),
+                "buckets": {str(2 ** (b + 1)): count for b, count in enumerate(buckets) if count},
+                "p50_ns": histogram_percentile(buckets, 0.50),
+                "p99_ns": histogram_percentile(buckets, 0.99),
+                "p99_interpolated_ns": interpolated_percentile(buckets, 0.99),
+                "counters": {
+                    field: value - before[name]["counters"].get(field, 0)
+                    for field, value in counters.items()
+                },
+                "run_cnt_while_measured": stats_held[name],
+            }
+        )
+    return {
+        "batches": batches,
+        "runs_per_batch": runs,
+        "client": CLIENT_ADDRESS,
+        "run_time_stats_held_by_another": any(stats_held.values()),
+        "rows": rows,
+    }

@@ -12,6 +12,12 @@ the same functions the modules call. Rounds are interleaved (a, b, c, then c, b,
 two modes, keepalive and connection-per-request; the report gives medians. After the
 rounds, BPF_PROG_TEST_RUN measures the decision alone (decision_cost.py).
 
+Cohorts (--cohorts, default 0,1,200,200in): per variant with cohorts, one more netns like
+(b), its route at weight 100 with the variant's client cohorts. Per round and mode (a), (b)
+and every such netns run at the same time, so each routed/direct ratio and each variant's
+decision time come from the same moments. Then BPF_PROG_TEST_RUN runs one router per
+variant in turns, batch by batch (decision_cost.cohort_test_runs).
+
 Run as root: sudo .venv/bin/python bench/router_bench.py --rounds 5 --duration 10
 """
 
@@ -42,6 +48,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (  
     RunTimeStats,
     histogram_percentile,
     interpolated_percentile,
+    read_cohort_counters,
     read_counters,
     read_latency_buckets,
 )
@@ -106,6 +113,20 @@ TARGETS = (
 )
 
 
+COHORT_TARGETS = {
+    "above_none_ns": ("mean decision, minus none's (BPF_PROG_TEST_RUN)", "<= 60 ns", 60, "le"),
+    "traffic_above_none_ns": (
+        "mean decision in traffic, minus none's (close, run by run)",
+        "<= 60 ns",
+        60,
+        "le",
+    ),
+    "p99_ns": ("p99 decision (BPF_PROG_TEST_RUN, histogram, interpolated)", "<= 500 ns", 500, "le"),
+    "keepalive": ("routed/direct req/s, keepalive, all at once", ">= 0.99", 0.99, "ge"),
+    "close": ("routed/direct req/s, close, all at once", ">= 0.99", 0.99, "ge"),
+}
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
@@ -124,14 +145,59 @@ def parse_args(argv=None):
         "--output-dir", default=os.path.join(BENCH_DIR, "results"), help="where .md/.json go"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="harness check: 1 round of 1 s, no warm-up"
+        "--cohorts",
+        default="0,1,200,200in",
+        help="cohort variants to compare, comma-separated: N = N prefixes none of which holds "
+        "the client (alternately always_direct and never_direct), Nin = N always_direct prefixes "
+        "one of which is the client's /32; 0 (no cohorts) is always in (default 0,1,200,200in)",
+    )
+    parser.add_argument(
+        "--cohort-rounds",
+        type=int,
+        default=None,
+        help="runs per mode of the cohort variants all at once (default: --rounds)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=decision_cost.COHORT_BATCHES,
+        help="BPF_PROG_TEST_RUN batches per cohort variant (default %d)"
+        % decision_cost.COHORT_BATCHES,
+    )
+    parser.add_argument(
+        "--batch-runs",
+        type=int,
+        default=decision_cost.COHORT_BATCH_RUNS,
+        help="runs per batch (default %d)" % decision_cost.COHORT_BATCH_RUNS,
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="harness check: 1 round of 1 s, no warm-up, 20 test-run batches",
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration, args.warmup = 1, 1, 0
-    for name in ("rounds", "duration", "connections", "threads"):
+        args.rounds, args.duration, args.warmup, args.batches = 1, 1, 0, 20
+        args.cohort_rounds = 1
+    if args.cohort_rounds is None:
+        args.cohort_rounds = args.rounds
+    try:
+        args.cohort_variants = decision_cost.parse_cohort_variants(args.cohorts)
+    except ValueError as exc:
+        parser.error("--cohorts: %s" % exc)
+    for name in (
+        "rounds",
+        "cohort_rounds",
+        "duration",
+        "connections",
+        "threads",
+        "batches",
+        "batch_runs",
+    ):
         if getattr(args, name) < 1:
-            parser.error("--%s must be at least 1; got %d" % (name, getattr(args, name)))
+            parser.error(
+                "--%s must be at least 1; got %d" % (name.replace("_", "-"), getattr(args, name))
+            )
     if args.warmup < 0:
         parser.error("--warmup must be 0 or more; got %d" % args.warmup)
     if args.pin and (os.cpu_count() or 1) < 2:
@@ -165,8 +231,17 @@ def set_up_case(stack, key, workdir, bpffs, objects, server_cpus):
         return target
     if case["weight"] is None:
         return target
-    object_path = objects["router"]
     netns.start_nginx("proxy", lab.SERVICE_PORT, server_cpus)
+    layout, route_index = attach_router(
+        stack, netns, engine, workdir, bpffs, objects["router"], case["weight"]
+    )
+    target.update(layout=layout, route_index=route_index)
+    return target
+
+
+def attach_router(stack, netns, engine, workdir, bpffs, object_path, weight, variant=None):
+    """The router in netns, route svc at weight (with variant's cohorts), the engine's
+    socket registered; returns (layout, route index)."""
     # The router's fence file in the bench's own directory: the machine's node state
     # (/var/lib/zerolayer) is not the bench's to touch.
     layout = PinLayout(
@@ -175,10 +250,31 @@ def set_up_case(stack, key, workdir, bpffs, objects, server_cpus):
     )
     stack.callback(router_lifecycle.remove, layout)
     router_lifecycle.attach(layout, object_path, netns.path)
-    route = set_route(layout, ROUTE, port=lab.SERVICE_PORT, weight=case["weight"])["after"]
+    if variant is None:
+        route = set_route(layout, ROUTE, port=lab.SERVICE_PORT, weight=weight)["after"]
+    else:
+        route = decision_cost.set_cohort_route(layout, ROUTE, lab.SERVICE_PORT, weight, variant)
     register_engine_socket(layout, ROUTE, engine.pid, lab.ENGINE_PORT, family="inet", timeout=10)
-    target.update(layout=layout, route_index=route.route_index)
-    return target
+    return layout, route.route_index
+
+
+def set_up_cohort_case(stack, variant, workdir, bpffs, objects, server_cpus):
+    """A netns as (b)'s (engine, proxy, router at weight 100) whose route has variant's
+    cohorts."""
+    netns = lab.Netns(stack, "b" + variant["name"], workdir)
+    engine = netns.start_nginx("engine", lab.ENGINE_PORT, server_cpus)
+    netns.start_nginx("proxy", lab.SERVICE_PORT, server_cpus)
+    layout, route_index = attach_router(
+        stack, netns, engine, workdir, bpffs, objects["router"], 100, variant
+    )
+    return {
+        "key": "b",
+        "variant": variant["name"],
+        "netns": netns,
+        "layout": layout,
+        "route_index": route_index,
+        "floor_pin": None,
+    }
 
 
 def router_snapshot(target):
@@ -328,6 +424,58 @@ def run_rounds(targets, args, progress):
     return runs
 
 
+def cohort_snapshot(target):
+    """router_snapshot() of a routed netns, with the route's cohort counters."""
+    snapshot = router_snapshot(target)
+    snapshot["counters"].update(read_cohort_counters(target["layout"], target["route_index"]) or {})
+    return snapshot
+
+
+def run_cohorts_side_by_side(direct, routed, args, progress):
+    """(a) and the routed netns of every cohort variant ({variant: target}) at the same
+    time, per round and mode: every ratio to (a), and each variant's decision time, comes
+    from the same seconds, so the machine's drift moves them all alike."""
+    names = list(routed)
+    if args.warmup:
+        for mode in MODES:
+            started = [start_wrk(direct, mode, args.warmup, args)]
+            started += [start_wrk(routed[name], mode, args.warmup, args) for name in names]
+            for run in started:
+                finish_wrk(run)
+    runs = []
+    for round_number in range(1, args.cohort_rounds + 1):
+        # The order the wrk commands start in alternates, as the rounds' order does.
+        order = names if round_number % 2 else names[::-1]
+        for mode in MODES:
+            before = {name: cohort_snapshot(routed[name]) for name in order}
+            started = {"a": start_wrk(direct, mode, args.duration, args)}
+            started.update(
+                (name, start_wrk(routed[name], mode, args.duration, args)) for name in order
+            )
+            results = {key: finish_wrk(run) for key, run in started.items()}
+            run = {
+                "round": round_number,
+                "mode": mode,
+                "rps": {key: result["rps"] for key, result in results.items()},
+                "errors": {key: sum(result["errors"].values()) for key, result in results.items()},
+                "router": {
+                    name: snapshot_delta(before[name], cohort_snapshot(routed[name]))
+                    for name in names
+                },
+            }
+            progress(
+                "cohorts %d %-9s (a) %8.0f  %s"
+                % (
+                    round_number,
+                    mode,
+                    run["rps"]["a"],
+                    "  ".join("(b %s) %8.0f" % (name, run["rps"][name]) for name in names),
+                )
+            )
+            runs.append(run)
+    return runs
+
+
 # Summary
 
 
@@ -434,6 +582,100 @@ def summarise(runs, pairs):
     }
     summary["targets"] = [target_verdict(summary, *target) for target in TARGETS]
     return summary
+
+
+def paired_ratios(runs, mode, top, bottom):
+    """top/bottom req/s of every run of mode (both ran at the same time): median, range."""
+    ratios = [run["rps"][top] / run["rps"][bottom] for run in runs if run["mode"] == mode]
+    return {
+        "ratios": ratios,
+        "median": statistics.median(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+    }
+
+
+def traffic_decision(runs, name):
+    """Decision time of variant name's program in traffic, over both modes' runs."""
+    deltas = [run["router"][name] for run in runs]
+    run_cnt = sum(delta["run_cnt"] for delta in deltas)
+    buckets = [sum(column) for column in zip(*(delta["buckets"] for delta in deltas))]
+    counters = {}
+    for delta in deltas:
+        for field, value in delta["counters"].items():
+            counters[field] = counters.get(field, 0) + value
+    return {
+        "run_cnt": run_cnt,
+        "mean_ns": sum(delta["run_time_ns"] for delta in deltas) / run_cnt if run_cnt else None,
+        "histogram_count": sum(buckets),
+        "p99_ns": histogram_percentile(buckets, 0.99),
+        "p99_interpolated_ns": interpolated_percentile(buckets, 0.99),
+        "counters": counters,
+    }
+
+
+def traffic_above_none(runs, name):
+    """Variant name's mean decision minus none's, run by run (close mode: every request a
+    decision; the two ran at the same time): median and range; None for none itself."""
+    if name == "0":
+        return None
+    differences = []
+    for run in runs:
+        mine, none = run["router"][name], run["router"]["0"]
+        if run["mode"] == "close" and mine["run_cnt"] and none["run_cnt"]:
+            differences.append(
+                mine["run_time_ns"] / mine["run_cnt"] - none["run_time_ns"] / none["run_cnt"]
+            )
+    if not differences:
+        return None
+    return {
+        "per_run_ns": differences,
+        "median_ns": statistics.median(differences),
+        "min_ns": min(differences),
+        "max_ns": max(differences),
+    }
+
+
+def summarise_cohorts(cohorts):
+    """Per variant: its test-run figures, its ratios to (a) and to none, its decision in
+    traffic; and the cohort targets judged on them."""
+    runs = cohorts["runs"]
+    test_rows = {row["variant"]: row for row in cohorts["test_runs"]["rows"]}
+    variants = {}
+    for variant in cohorts["variants"]:
+        name = variant["name"]
+        variants[name] = {
+            "title": variant["title"],
+            "test_run": test_rows[name],
+            "to_direct": {mode: paired_ratios(runs, mode, name, "a") for mode in MODES},
+            "to_none": {mode: paired_ratios(runs, mode, name, "0") for mode in MODES},
+            "traffic": traffic_decision(runs, name),
+            "traffic_above_none": traffic_above_none(runs, name),
+            "errors": sum(run["errors"][name] for run in runs),
+        }
+    targets = []
+    for name, figures in variants.items():
+        measured = {
+            "above_none_ns": figures["test_run"]["above_none_ns"],
+            "traffic_above_none_ns": (figures["traffic_above_none"] or {}).get("median_ns"),
+            "p99_ns": figures["test_run"]["p99_interpolated_ns"],
+            "keepalive": figures["to_direct"]["keepalive"]["median"],
+            "close": figures["to_direct"]["close"]["median"],
+        }
+        for key, (title, wanted, bound, sense) in COHORT_TARGETS.items():
+            if key in ("above_none_ns", "traffic_above_none_ns") and name == "0":
+                continue
+            verdict = target_verdict(
+                measured, title, wanted, lambda figures, key=key: figures[key], bound, sense
+            )
+            verdict.update(variant=name, figure=key)
+            targets.append(verdict)
+    return {
+        "variants": variants,
+        "direct_errors": sum(run["errors"]["a"] for run in runs),
+        "targets": targets,
+        "all_passed": all(verdict["passed"] for verdict in targets),
+    }
 
 
 def target_verdict(summary, name, wanted, measured_of, bound, sense):
@@ -658,6 +900,180 @@ def target_table(summary):
     return lines
 
 
+def format_range(ratios):
+    return "%.3f (%.3f-%.3f)" % (ratios["median"], ratios["min"], ratios["max"])
+
+
+def format_above(above):
+    if above is None:
+        return "-"
+    return "%+.0f ns (%+.0f to %+.0f)" % (above["median_ns"], above["min_ns"], above["max_ns"])
+
+
+def format_counters(counters):
+    """to_engine (of them opt-in) / to_proxy_by_weight / to_proxy_opt_out / fallback+assign."""
+    return "%d (%d) / %d / %d / %d" % (
+        counters["to_engine"],
+        counters.get("to_engine_opt_in", 0),
+        counters["to_proxy_by_weight"],
+        counters.get("to_proxy_opt_out", 0),
+        counters["fallback_no_socket"] + counters["assign_errors"],
+    )
+
+
+def cohort_notes(report):
+    cohorts = report["cohorts"]
+    test_runs = cohorts["test_runs"]
+    held = (
+        "Another process held the kernel's run-time accounting on during them (the programs' "
+        "run_cnt grew): their figures include it."
+        if test_runs["run_time_stats_held_by_another"]
+        else "Nobody held the kernel's run-time accounting on during them (run_cnt stayed)."
+    )
+    variants = "; ".join(
+        "%s = %s" % (variant["name"], variant["title"]) for variant in cohorts["variants"]
+    )
+    return [
+        "**Client cohorts.** Variants: %s. The prefixes are /32s packed next to the client "
+        "%s (127.0.0.2, .3, ...), so a client outside them walks as deep into the trie as it "
+        "goes; the route is at weight 100, so a client in no cohort goes to the engine by "
+        "its weight." % (variants, test_runs["client"]),
+        "",
+        "Decision alone, by BPF_PROG_TEST_RUN: one router per variant on maps of its own, "
+        "%d batches of %d runs each per variant, the variants in turns batch by batch (the "
+        "order reversed every other batch); per batch the untimed connection, then the timed "
+        "one. Mean: median of the untimed batch means; minus none's: the median over batches "
+        "of the variant's batch mean minus none's in the same batch. %s"
+        % (test_runs["batches"], test_runs["runs_per_batch"], held),
+        "",
+        "p99, how it is obtained: every run of the timed connection is timed into the "
+        "variant's own zl_latency histogram (all %d of its decisions, not a sample). The p99 "
+        "judged is interpolated linearly inside its log2 bucket as histogram_quantile() "
+        "does; its resolution is the bucket, a factor of 2 (the bound beside it is never "
+        "low). The timed section runs from after the tuple hash to the end (the route's maps, "
+        "the trie, the weight, the socket) and includes one clock read, so it errs high by "
+        "that. The p99 of the untimed batch means (nearest rank) has 1 ns resolution but "
+        "averages %d runs: it shows how often a batch was slowed, not single decisions."
+        % (test_runs["batches"] * test_runs["runs_per_batch"], test_runs["runs_per_batch"]),
+    ]
+
+
+def cohort_test_run_table(report):
+    summary = report["cohorts"]["summary"]
+    lines = [
+        "Cohorts, the decision alone (BPF_PROG_TEST_RUN), ns per run:",
+        table_row(
+            [
+                "Cohort variant",
+                "always / never",
+                "Mean (median of batch means)",
+                "Minus none's",
+                "Mean of all runs",
+                "p99 of batch means",
+                "Timed: p99 interpolated",
+                "Timed: p50 / p99 bucket",
+                "to_engine (opt-in) / by weight / opt-out / errors",
+            ]
+        ),
+        table_row(["---", "---:"] + ["---:"] * 6 + ["---"]),
+    ]
+    for name, figures in summary["variants"].items():
+        row = figures["test_run"]
+        lines.append(
+            table_row(
+                [
+                    name,
+                    "%d / %d" % (row["always_direct"], row["never_direct"]),
+                    format_ns(row["median_batch_mean_ns"]),
+                    "-" if name == "0" else "%+.0f ns" % row["above_none_ns"],
+                    "%.1f ns" % row["mean_ns"],
+                    format_ns(row["p99_batch_mean_ns"]),
+                    format_ns(row["p99_interpolated_ns"]),
+                    "<= %s / <= %s" % (format_ns(row["p50_ns"]), format_ns(row["p99_ns"])),
+                    format_counters(row["counters"]),
+                ]
+            )
+        )
+    return lines
+
+
+def cohort_traffic_table(report):
+    cohorts = report["cohorts"]
+    summary = cohorts["summary"]
+    lines = [
+        "Cohorts in traffic: (a) and one routed netns per variant at the same time, %d "
+        "run(s) of %d s per mode; req/s ratios of runs that ran together (median, min-max); "
+        "decision time over both modes (mean: run_time_ns / run_cnt, accounting on):"
+        % (report["settings"]["cohort_rounds"], report["settings"]["duration_s"]),
+        table_row(
+            [
+                "Cohort variant",
+                "routed/direct keepalive",
+                "routed/direct close",
+                "routed/none's close",
+                "Decisions",
+                "Mean",
+                "Mean minus none's (close, run by run)",
+                "p99 interpolated (bucket)",
+                "to_engine (opt-in) / by weight / opt-out / errors",
+                "wrk errors",
+            ]
+        ),
+        table_row(["---"] + ["---:"] * 7 + ["---", "---:"]),
+    ]
+    for name, figures in summary["variants"].items():
+        traffic = figures["traffic"]
+        lines.append(
+            table_row(
+                [
+                    name,
+                    format_range(figures["to_direct"]["keepalive"]),
+                    format_range(figures["to_direct"]["close"]),
+                    "-" if name == "0" else format_range(figures["to_none"]["close"]),
+                    traffic["run_cnt"],
+                    format_ns(traffic["mean_ns"]),
+                    format_above(figures["traffic_above_none"]),
+                    "%s (<= %s)"
+                    % (format_ns(traffic["p99_interpolated_ns"]), format_ns(traffic["p99_ns"])),
+                    format_counters(traffic["counters"]),
+                    figures["errors"],
+                ]
+            )
+        )
+    return lines
+
+
+def cohort_target_table(report):
+    summary = report["cohorts"]["summary"]
+    lines = [
+        "Cohort targets (%s):" % ("all met" if summary["all_passed"] else "not all met"),
+        table_row(["Cohort target", "Variant", "Wanted", "Measured", "Result"]),
+        table_row(["---", "---", "---", "---:", "---"]),
+    ]
+    for verdict in summary["targets"]:
+        measured = verdict["measured"]
+        if verdict["figure"] in ("keepalive", "close"):
+            shown = "n/a" if measured is None else "%.3f" % measured
+        elif measured is None:
+            shown = "n/a"
+        elif verdict["figure"] in ("above_none_ns", "traffic_above_none_ns"):
+            shown = "%+.0f ns" % measured
+        else:
+            shown = format_ns(measured)
+        lines.append(
+            table_row(
+                [
+                    verdict["name"],
+                    verdict["variant"],
+                    verdict["target"],
+                    shown,
+                    "pass" if verdict["passed"] else "MISS",
+                ]
+            )
+        )
+    return lines
+
+
 def markdown(report):
     summary = report["summary"]
     blocks = [
@@ -670,6 +1086,13 @@ def markdown(report):
         test_run_table(report["test_runs"]),
         target_table(summary),
     ]
+    if report.get("cohorts"):
+        blocks += [
+            cohort_notes(report),
+            cohort_test_run_table(report),
+            cohort_traffic_table(report),
+            cohort_target_table(report),
+        ]
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"
 
 
@@ -716,6 +1139,10 @@ def bench(args, progress):
             "server_cpus": SERVER_CPUS if args.pin else None,
             "close_mode": "wrk Lua script sets the request header Connection: close",
             "nginx_keepalive_requests": lab.KEEPALIVE_REQUESTS,
+            "cohorts": [variant["name"] for variant in args.cohort_variants],
+            "cohort_rounds": args.cohort_rounds,
+            "test_run_batches": args.batches,
+            "test_run_batch_runs": args.batch_runs,
         },
         "cases": CASES,
     }
@@ -729,22 +1156,54 @@ def bench(args, progress):
         }
         server_cpus = SERVER_CPUS if args.pin else None
         targets = [set_up_case(stack, key, workdir, bpffs, objects, server_cpus) for key in CASES]
+        by_key = {target["key"]: target for target in targets}
+        # Variant 0 is (b) itself: the route without cohorts.
+        cohort_targets = {"0": by_key["b"]}
+        for variant in args.cohort_variants[1:]:
+            cohort_targets[variant["name"]] = set_up_cohort_case(
+                stack, variant, workdir, bpffs, objects, server_cpus
+            )
+        extra = [cohort_targets[variant["name"]] for variant in args.cohort_variants[1:]]
         report["lab"] = {
             "bpffs": bpffs,
-            "netns": [target["netns"].name for target in targets],
-            "pin_dirs": [target["layout"].pin_dir for target in targets if target["layout"]],
+            "netns": [target["netns"].name for target in targets + extra],
+            "pin_dirs": [
+                target["layout"].pin_dir for target in targets + extra if target["layout"]
+            ],
         }
         progress("netns %s; bpffs %s" % (", ".join(report["lab"]["netns"]), bpffs))
         with RunTimeStats():
             report["runs"] = run_rounds(targets, args, progress)
             report["side_by_side"] = run_side_by_side(targets, args, progress)
-        routed = next(target for target in targets if target["key"] == "b")
-        floor = next(target for target in targets if target["floor_pin"])
+            cohort_runs = run_cohorts_side_by_side(by_key["a"], cohort_targets, args, progress)
+        floor = by_key["e"]
         report["test_runs"] = decision_cost.test_run_costs(
-            routed["layout"], ROUTE, lab.SERVICE_PORT, floor["floor_pin"]
+            by_key["b"]["layout"], ROUTE, lab.SERVICE_PORT, floor["floor_pin"]
         )
+        progress(
+            "cohorts: BPF_PROG_TEST_RUN, %d batches of %d runs" % (args.batches, args.batch_runs)
+        )
+        report["cohorts"] = {
+            "variants": args.cohort_variants,
+            "runs": cohort_runs,
+            "test_runs": decision_cost.cohort_test_runs(
+                stack,
+                bpffs,
+                workdir,
+                objects["router"],
+                ROUTE,
+                lab.SERVICE_PORT,
+                args.cohort_variants,
+                args.batches,
+                args.batch_runs,
+            ),
+        }
+        report["lab"]["pin_dirs"] += [
+            os.path.join(bpffs, "cohorts-" + variant["name"]) for variant in args.cohort_variants
+        ]
     report["host"]["loadavg_after"] = lab.loadavg()
     report["summary"] = summarise(report["runs"], report["side_by_side"])
+    report["cohorts"]["summary"] = summarise_cohorts(report["cohorts"])
     report["markdown"] = markdown(report)
     return report, started.strftime("%Y%m%dT%H%M%SZ")
 
