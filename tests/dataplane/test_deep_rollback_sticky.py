@@ -44,9 +44,19 @@ def boot_attach(config):
     return proc.returncode, json.loads(proc.stdout or proc.stderr)
 
 
-def write_config(tmp_path, layout, router_object, netns, engine, weight=0, name="router.json"):
+def write_config(
+    tmp_path, layout, router_object, netns, engine, weight=0, name="router.json", **route_extra
+):
     """The node's router config as the ebpf_router role writes it: route chat at `weight`
-    (what the inventory declares) with the engine in slot 0."""
+    (what the inventory declares, with any of its other keys in route_extra) with the
+    engine in slot 0."""
+    route = {
+        "name": "chat",
+        "port": SERVICE_PORT,
+        "weight": weight,
+        "engines": [{"slot": 0, "pid": engine.pid, "port": ENGINE_PORT}],
+    }
+    route.update(route_extra)
     config = tmp_path / name
     config.write_text(
         json.dumps(
@@ -55,14 +65,7 @@ def write_config(tmp_path, layout, router_object, netns, engine, weight=0, name=
                 "fence_file": layout.fence_file,
                 "object": router_object,
                 "netns": netns.path,
-                "routes": [
-                    {
-                        "name": "chat",
-                        "port": SERVICE_PORT,
-                        "weight": weight,
-                        "engines": [{"slot": 0, "pid": engine.pid, "port": ENGINE_PORT}],
-                    }
-                ],
+                "routes": [route],
             }
         )
     )
@@ -208,6 +211,35 @@ def test_routectl_detach_is_the_deep_rollback_and_attach_restore_ends_it(
     assert status == 0 and booted["attached"] is True and booted["kept_detached"] is None
     assert booted["changed"] is False, booted
     assert read_fence(layout.fence_file)["note"] == "kept"
+
+
+def test_a_restore_brings_the_declared_hash_back_with_the_route(
+    layout, netns, router_object, proxy, engine, tmp_path
+):
+    """A deep rollback removes the routes with the maps; the node config declares the route's
+    hash, so the boot attach and the restore write it again, and a declared connection hash
+    turns a client-hash route back."""
+    config = write_config(tmp_path, layout, router_object, netns, engine, hash="client")
+    status, booted = boot_attach(config)
+    assert status == 0 and booted["attached"] is True, booted
+    assert [(r.name, r.hash_mode) for r in read_routes(layout)] == [("chat", "client")]
+
+    assert routectl(layout, "detach", "--epoch", "3", "--reason", "drill")[0] == 0
+    assert not os.path.exists(layout.pin_dir)
+    status, restored = routectl(layout, "attach", "--restore", config=config)
+    assert status == 0 and restored["attached"] is True, restored
+    assert [(r.name, r.hash_mode) for r in read_routes(layout)] == [("chat", "client")]
+
+    by_connection = write_config(
+        tmp_path, layout, router_object, netns, engine, name="by-connection.json", hash="connection"
+    )
+    status, rebooted = boot_attach(by_connection)
+    assert status == 0 and rebooted["changed"] is True, rebooted
+    assert [(r.name, r.hash_mode) for r in read_routes(layout)] == [("chat", "connection")]
+    # A config that names no hash keeps the live route's.
+    set_route(layout, "chat", hash_mode="client")
+    assert boot_attach(write_config(tmp_path, layout, router_object, netns, engine))[0] == 0
+    assert [(r.name, r.hash_mode) for r in read_routes(layout)] == [("chat", "client")]
 
 
 def test_an_unreadable_mode_record_refuses_attach_and_changes_nothing(

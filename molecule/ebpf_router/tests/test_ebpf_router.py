@@ -113,6 +113,7 @@ def test_route_and_engine_socket_are_in_place(host):
     assert route["name"] == "chat"
     assert route["port"] == SERVICE_PORT
     assert route["weight"] == 0
+    assert route["hash"] == "client", "the route does not hash as the inventory declares"
     assert list(route["slots"]) == ["0"], "the engine socket is not registered in slot 0"
 
 
@@ -174,6 +175,8 @@ def test_config_matches_inventory(host):
     assert config["pin_dir"] == PIN_DIR
     # The fence watcher starts this unit and probes the routes after a deep rollback.
     assert config["proxy_service"] == "nginx.service"
+    # The boot attach and a restore write the declared hash again.
+    assert config["routes"][0]["hash"] == "client"
     assert config["routes"][0]["engines"] == [
         {"slot": 0, "unit": "zl-test-engine.service", "port": ENGINE_PORT}
     ]
