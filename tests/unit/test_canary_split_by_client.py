@@ -5,13 +5,11 @@ up for each case.
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from local_playbook import run_local_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIRM = REPO / "playbooks/tasks/canary_confirm.yml"
@@ -93,24 +91,7 @@ def splits(tmp_path_factory):
                 "tasks": steps,
             }
         )
-    playbook = work / "split.yml"
-    playbook.write_text(yaml.safe_dump(plays))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".collections"), LANG="C")
-    env.pop("ANSIBLE_CONFIG", None)
-    run = subprocess.run(
-        [
-            str(REPO / ".venv/bin/ansible-playbook"),
-            *("-i", "localhost,", str(playbook)),
-            *("-e", "ansible_python_interpreter=%s" % sys.executable),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(work),
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    run_local_playbook(plays, work, "split.yml")
     return {case: json.loads((work / (case + ".json")).read_text()) for case in CASES}
 
 

@@ -6,13 +6,10 @@ systemd from its 0600 environment file (tasks/preflight.yml refuses it where /pr
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from local_playbook import run_local_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles/model_engine"
@@ -98,24 +95,7 @@ def rendered(tmp_path_factory):
             "tasks": tasks,
         }
     ]
-    playbook = work / "render.yml"
-    playbook.write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / ".collections"), LANG="C")
-    env.pop("ANSIBLE_CONFIG", None)
-    run = subprocess.run(
-        [
-            str(REPO / ".venv/bin/ansible-playbook"),
-            *("-i", "localhost,", str(playbook)),
-            *("-e", "ansible_python_interpreter=%s" % sys.executable),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(work),
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    run_local_playbook(play, work, "render.yml")
     return {
         (name, count): {
             part: (work / ("%s-%d.%s" % (name, count, part))).read_text()
