@@ -561,27 +561,20 @@ def cmd_attach(args, config):
         weight = route.get("weight", 0)
         keep_live = route["name"] in live and not route.get("pin_weight", False)
         entry = {"route": route["name"]}
+
         # A declared hash is written at every attach (boot, restore): a deep rollback removed
         # the routes with the maps, and the route must come back hashing as declared.
-        hash_mode = route.get("hash")
-        try:
-            result = routes.set_route(
-                layout,
-                route["name"],
-                route["port"],
-                None if keep_live else weight,
-                hash_mode=hash_mode,
+        def declare(weight_written, route=route):
+            return routes.set_route(
+                layout, route["name"], route["port"], weight_written, hash_mode=route.get("hash")
             )
+
+        try:
+            result = declare(None if keep_live else weight)
         except fence.FenceRefused as exc:
             # Boot carries no epoch: after a rollback a declared weight waits for a rollout,
             # the route itself is still created (at 0) or kept as it is.
-            result = routes.set_route(
-                layout,
-                route["name"],
-                route["port"],
-                0 if route["name"] not in live else None,
-                hash_mode=hash_mode,
-            )
+            result = declare(0 if route["name"] not in live else None)
             entry["fenced"] = exc.message
         entry["changed"] = result["changed"]
         route_results.append(entry)
