@@ -14,6 +14,10 @@ description:
     one line with the wave, the stage as n/N, the weight, the measured split of the stage (min and
     max over the nodes, or per node for up to O(split_nodes) nodes), each gate's verdict, the
     decision and the hold time left.
+  - A cohort stage (weight 0, only the clients of its source CIDRs on the direct path) is shown
+    by its cohort's prefix count, for example "cohort (2 prefixes) at weight 0", and its split
+    as the cohort's connections handed to an engine, for example "opt-in 412 conn.", per node up
+    to O(split_nodes) nodes.
   - A line when a stage's weight is confirmed (read back and measured), one per fast or deep
     rollback report, and at the end of the run a report of every wave's outcome.
   - The final report ends with a short table, one row per wave and stage that ran, the same
@@ -61,6 +65,10 @@ EXAMPLES = r"""
 #   | route_decision_p99=pass success_rate=pass gpu_memory_spike=pass | pass -> continue
 #   | hold 3h12m left
 #
+# ... and while a cohort stage holds:
+# [zerolayer] wave wave_canary | stage 1/5 | cohort (2 prefixes) at weight 0
+#   | opt-in 412 conn. (zl-node-01 200, zl-node-02 212) | ... | pass -> continue | hold 21m left
+#
 # The end of the final report (one line per wave and stage, shortened here):
 # [zerolayer]   stages
 # [zerolayer]     WAVE         STAGE  WEIGHT  SPLIT                  RANGE       VERDICTS ...
@@ -73,10 +81,14 @@ import time  # noqa: E402
 from ansible.plugins.callback import CallbackBase  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (  # noqa: E402
+    format_cohort,
+    format_opt_in,
     format_seconds,
     format_weight,
     render_table,
     rollout_rows,
+    schedule_cohort,
+    stage_cohort,
     unix,
     wave_of,
 )
@@ -92,10 +104,29 @@ def short_action(task):
     return action.rsplit(".", 1)[-1]
 
 
+def format_cohort_split(split, per_node_limit):
+    """A cohort stage's split: the cohort's connections handed to an engine over the nodes,
+    per node up to per_node_limit nodes, and the weight's direct connections where any."""
+    entries = {node: entry for node, entry in sorted(split.items()) if isinstance(entry, dict)}
+    text = format_opt_in(sum(int(entry.get("opt_in") or 0) for entry in entries.values()))
+    if len(entries) <= per_node_limit:
+        text += " (%s)" % ", ".join(
+            "%s %d" % (node, int(entry.get("opt_in") or 0)) for node, entry in entries.items()
+        )
+    else:
+        text += " (%d nodes)" % len(entries)
+    by_weight = sum(int(entry.get("to_engine") or 0) for entry in entries.values())
+    if by_weight:
+        text += ", %d sent direct by the weight" % by_weight
+    return text
+
+
 def format_split(split, per_node_limit):
     """Measured split from canary.yml's {node: {measured_pct, connections, ok}}."""
     if not split:
         return "split -"
+    if any(isinstance(entry, dict) and entry.get("cohort") for entry in split.values()):
+        return format_cohort_split(split, per_node_limit)
     measured = {
         node: entry.get("measured_pct")
         for node, entry in sorted(split.items())
@@ -140,6 +171,25 @@ class CallbackModule(CallbackBase):
         name = wave_of(rollout_id)
         return self.waves.setdefault(name, {"wave": name})
 
+    def _cohort(self, name, stage, given=None):
+        """The cohort of a wave's stage (index): as a result gave it, else from the wave's
+        latest record; [] for a stage by weight or a record without cohort stages."""
+        if isinstance(given, list):
+            return stage_cohort({"cohort": given})
+        return schedule_cohort((self.records.get(name) or {}).get("schedule"), stage)
+
+    def _stage_weight(self, name, stage, weight, given=None):
+        """'5%', or 'cohort (2 prefixes)' for a cohort stage."""
+        cohort = self._cohort(name, stage, given)
+        return format_cohort(cohort) if cohort else format_weight(weight)
+
+    def _weight_label(self, name, stage, weight, given=None):
+        """'weight 5%', or 'cohort (2 prefixes) at weight 0' for a cohort stage."""
+        cohort = self._cohort(name, stage, given)
+        if cohort:
+            return "%s at weight %g" % (format_cohort(cohort), float(weight or 0))
+        return "weight %s" % format_weight(weight)
+
     def _line(self, text):
         # Standard error, so stdout stays what the stdout callback makes of it (JSON for a
         # script that asked for it) while the operator still sees the progress.
@@ -183,11 +233,16 @@ class CallbackModule(CallbackBase):
         stage = "%s/%s" % (current.get("stage_number", "?"), current.get("stage_count", "?"))
         off = sorted(node for node, entry in split.items() if not entry.get("ok"))
         self._line(
-            "wave %s | stage %s | weight %s | weight confirmed | %s%s"
+            "wave %s | stage %s | %s | weight confirmed | %s%s"
             % (
                 name,
                 stage,
-                format_weight(current.get("weight") if current else None),
+                self._weight_label(
+                    name,
+                    current.get("stage") if current else None,
+                    current.get("weight") if current else None,
+                    current.get("cohort") if current else None,
+                ),
                 format_split(split, self.get_option("split_nodes")),
                 " | OFF: %s" % ", ".join(off) if off else " | within tolerance",
             )
@@ -205,12 +260,12 @@ class CallbackModule(CallbackBase):
         wave["last_verdict"] = result.get("verdict")
         wave["last_decision"] = result.get("decision")
         self._line(
-            "wave %s | stage %s/%s | weight %s | %s | %s | %s -> %s | hold %s left%s"
+            "wave %s | stage %s/%s | %s | %s | %s | %s -> %s | hold %s left%s"
             % (
                 wave["wave"],
                 (stage + 1) if isinstance(stage, int) else "?",
                 stage_count,
-                format_weight(result.get("weight")),
+                self._weight_label(wave["wave"], stage, result.get("weight"), result.get("cohort")),
                 format_split(self.split.get(wave["wave"]), self.get_option("split_nodes")),
                 gates or "no gates",
                 result.get("verdict"),
@@ -286,7 +341,9 @@ class CallbackModule(CallbackBase):
                     wave.get("outcome"),
                     wave.get("stage_number"),
                     wave.get("stage_count"),
-                    format_weight(wave.get("weight")),
+                    self._stage_weight(
+                        name, wave.get("stage"), wave.get("weight"), wave.get("cohort")
+                    ),
                     wave.get("stage_status"),
                     " | last gates %s -> %s" % (wave.get("last_verdict"), wave.get("last_decision"))
                     if wave.get("last_verdict")

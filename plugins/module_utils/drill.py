@@ -9,6 +9,14 @@ from Prometheus over the drill's window. Outputs: a JSON report, a JUnit XML fil
 test case per check, so any CI shows the drill), a PNG plot over time and the short
 per-stage table (stage_table.py: weight, the client's split with its agreeing range, gate
 verdicts, time), which the module returns and report.json keeps as stage_rows.
+
+A canary whose schedule starts with a cohort stage (weight 0, only the cohort's source
+CIDRs on the direct path) is one the drill runs with its own load client's address as the
+cohort: while that stage holds, every request of the client goes direct. Its window is
+judged against 100 % (cohort_stage_direct_client, cohort_stage_direct_router instead of
+split_*_stage_N), and the record's split of the stage must show every node handing the
+cohort to an engine and the weight none (cohort_stage_confirmed). A record without a
+cohort stage gets the checks it always got.
 Pure logic apart from reading and writing files; the plot needs matplotlib.
 """
 
@@ -24,8 +32,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files impor
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
+    format_prefixes,
     render_table,
     rollout_rows,
+    stage_cohort,
     wave_of,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.traffic_split import split_verdict
@@ -70,7 +80,8 @@ def read_json(path, what):
 
 
 def stage_windows(record):
-    """[{stage, weight, hold_from, hold_to}] from the record's transitions (Unix times).
+    """[{stage, weight, cohort, hold_from, hold_to}] from the record's transitions (Unix
+    times); cohort is the stage's source CIDRs, [] for a stage by weight.
 
     A stage's window is its hold: from the first hold start (a resumed run keeps it) to the
     stage's completion, or to the pause or rollback that ended it.
@@ -85,6 +96,7 @@ def stage_windows(record):
             windows[index] = {
                 "stage": index,
                 "weight": record["schedule"][index]["weight"],
+                "cohort": stage_cohort(record["schedule"][index]),
                 "written_at": at,
                 "hold_from": None,
                 "hold_to": None,
@@ -127,6 +139,57 @@ def check(name, passed, measured, expected, detail=""):
         "expected": expected,
         "detail": detail,
     }
+
+
+def cohort_stages(record):
+    """Indexes of the record's cohort stages (the first stage, where there is one)."""
+    return [
+        index for index, planned in enumerate(record.get("schedule") or []) if stage_cohort(planned)
+    ]
+
+
+def cohort_confirmed_check(record, index):
+    """cohort_stage_confirmed: the record's split of its cohort stage, as the canary measured
+    it on every node, had the cohort's connections reach an engine (opt_in > 0) and the
+    weight send none direct (to_engine 0), agreed (ok) and was a cohort stage's."""
+    entries = (record.get("splits") or {}).get(str(index)) or {}
+    wrong, names = [], []
+    for node, entry in sorted(entries.items()):
+        entry = entry if isinstance(entry, dict) else {}
+        why = []
+        if entry.get("ok") is not True:
+            why.append("not ok")
+        if entry.get("cohort") is not True:
+            why.append("not measured as a cohort stage")
+        opt_in = entry.get("opt_in")
+        if isinstance(opt_in, bool) or not isinstance(opt_in, int) or opt_in <= 0:
+            why.append("opt_in %s" % entry.get("opt_in"))
+        if entry.get("to_engine") != 0:
+            why.append("to_engine %s" % entry.get("to_engine"))
+        if why:
+            names.append(node)
+            wrong.append("%s: %s" % (node, ", ".join(why)))
+    wave = wave_of(record.get("rollout_id"))
+    if not entries:
+        detail = "wave %s: no node's split of stage %d is in the record" % (wave, index + 1)
+    elif wrong:
+        detail = "wave %s, stage %d: %s" % (wave, index + 1, "; ".join(wrong))
+    else:
+        detail = "wave %s, stage %d: every node handed the cohort %s to an engine" % (
+            wave,
+            index + 1,
+            format_prefixes(stage_cohort(record["schedule"][index])),
+        )
+    measured = "%d/%d nodes" % (len(entries) - len(wrong), len(entries))
+    if names:
+        measured += " (not confirmed: %s)" % ", ".join(names)
+    return check(
+        "cohort_stage_confirmed",
+        bool(entries) and not wrong,
+        measured,
+        "every node: ok, cohort, opt_in > 0, to_engine 0",
+        detail,
+    )
 
 
 def rollback_facts(report, trigger_at, finished_key):
@@ -189,20 +252,20 @@ def build_report(inputs, router_split=None):
                 continue
             counts = client_counts(summary, window["hold_from"], window["hold_to"])
             answered = counts["direct"] + counts["proxy"]
+            cohort = window["cohort"]
+            # A cohort stage (weight 0) has the client's own address as its cohort: every
+            # request of its hold is expected on the direct path, and the router's share of
+            # new connections is held to 100 % less the floor (rates, other clients).
+            expected_pct = 100 if cohort else window["weight"]
             # One connection per request: the client's count is binomial like the router's.
             verdict = split_verdict(
                 counts["direct"],
                 answered,
-                window["weight"],
+                expected_pct,
                 limits["split_sigmas"],
                 limits["split_floor_pct"],
             )
-            wave_splits[window["stage"]] = {"client": dict(verdict, connections=answered)}
-            agreeing = "%s%% (%s-%s%%)" % (
-                window["weight"],
-                verdict["low_pct"],
-                verdict["high_pct"],
-            )
+            agreeing = "%s%% (%s-%s%%)" % (expected_pct, verdict["low_pct"], verdict["high_pct"])
             stage = dict(window)
             stage.update(
                 {
@@ -211,15 +274,36 @@ def build_report(inputs, router_split=None):
                     "agreeing_range_pct": [verdict["low_pct"], verdict["high_pct"]],
                 }
             )
-            checks.append(
-                check(
-                    "split_client_stage_%d" % (window["stage"] + 1),
-                    verdict["ok"],
-                    stage["client_direct_pct"],
-                    agreeing,
-                    "%d requests answered during the hold" % answered,
+            if cohort:
+                client_ok = answered > 0 and counts["proxy"] == 0
+                wave_splits[window["stage"]] = {
+                    "client": dict(
+                        verdict, ok=client_ok, cohort=True, opt_in=counts["direct"],
+                        connections=answered,
+                    )
+                }  # fmt: skip
+                checks.append(
+                    check(
+                        "cohort_stage_direct_client",
+                        client_ok,
+                        stage["client_direct_pct"],
+                        "100% (every request direct)",
+                        "cohort %s (the load client): %d requests answered during the hold "
+                        "of stage %d, %d of them on the proxy"
+                        % (format_prefixes(cohort), answered, window["stage"] + 1, counts["proxy"]),
+                    )
                 )
-            )
+            else:
+                wave_splits[window["stage"]] = {"client": dict(verdict, connections=answered)}
+                checks.append(
+                    check(
+                        "split_client_stage_%d" % (window["stage"] + 1),
+                        verdict["ok"],
+                        stage["client_direct_pct"],
+                        agreeing,
+                        "%d requests answered during the hold" % answered,
+                    )
+                )
             if router_split is not None:
                 try:
                     router = router_split(window["hold_from"], window["hold_to"])
@@ -232,12 +316,19 @@ def build_report(inputs, router_split=None):
                         and verdict["low_pct"] <= router * 100 <= verdict["high_pct"]
                     )
                     detail = "share of new connections the router sent to the engines"
+                    if cohort:
+                        detail += " while the cohort %s (the load client) held stage %d" % (
+                            format_prefixes(cohort),
+                            window["stage"] + 1,
+                        )
                 except FleetError as error:
                     stage["router_engine_pct"] = None
                     router_ok, detail = False, error.message
                 checks.append(
                     check(
-                        "split_router_stage_%d" % (window["stage"] + 1),
+                        "cohort_stage_direct_router"
+                        if cohort
+                        else "split_router_stage_%d" % (window["stage"] + 1),
                         router_ok,
                         stage["router_engine_pct"],
                         agreeing,
@@ -245,6 +336,8 @@ def build_report(inputs, router_split=None):
                     )
                 )
             stages.append(stage)
+        for index in cohort_stages(record):
+            checks.append(cohort_confirmed_check(record, index))
     checks.append(
         check(
             "canary_reached_its_stage",

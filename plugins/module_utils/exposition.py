@@ -245,6 +245,8 @@ def _unix_time(value, field):
 
 
 def _stage_weight_ratio(planned):
+    # A cohort stage's is 0 (only its cohort goes direct): a stage in progress all the same,
+    # exported as its stage number; nothing here divides by the weight.
     weight_bp = planned.get("weight_bp")
     if isinstance(weight_bp, bool) or not isinstance(weight_bp, int) or not 0 <= weight_bp <= 10000:
         raise ValueError("schedule weight_bp must be 0..10000; got %r" % (weight_bp,))

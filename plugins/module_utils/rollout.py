@@ -31,6 +31,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     bp_to_percent,
+    check_cohorts,
+    parse_cohort,
     parse_weight,
 )
 
@@ -62,7 +64,7 @@ DEFAULT_SCHEDULE = (
     {"weight": 20, "hold": "8h"},
     {"weight": 100, "hold": 0},
 )
-STAGE_KEYS = ("weight", "hold")
+STAGE_KEYS = ("weight", "hold", "cohort")
 DURATION_PATTERN = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
 DURATION_ALLOWED = (
     "whole seconds >= 0 (7200) or a string such as 2h, 30m, 90s or 1h30m (units d, h, m, s)"
@@ -121,7 +123,8 @@ def _stage_weight(value, field):
     if weight_bp == 0:
         raise FleetError(
             "%s must be a percentage above 0 and at most 100 with at most two decimals "
-            "(0 means no canary; rollback sets it); got %r" % (field, value),
+            "(0 means no canary; rollback sets it; a first stage {cohort: [CIDRs], hold} runs "
+            "at 0 for its clients only); got %r" % (field, value),
             {"field": field},
         )
     return weight_bp
@@ -130,11 +133,17 @@ def _stage_weight(value, field):
 def validate_schedule(stages, field="schedule"):
     """Normalised stages [{"weight", "weight_bp", "hold_s"}] or FleetError naming the field.
 
-    Weights in (0, 100] with at most two decimals, strictly increasing, the last 100.
+    Weights in (0, 100] with at most two decimals, strictly increasing, the last 100. The
+    first stage may instead be a cohort stage, {cohort: [CIDRs], hold}: weight 0, where only
+    the cohort's clients take the direct path (the route's always_direct). A schedule with a
+    cohort stage gives every stage a "cohort" list ([] where it names none): each stage's
+    write sets the routes' always_direct to it, so the next stage clears the cohort with the
+    weight. A schedule without one has no "cohort" key and leaves always_direct alone.
     """
     if not isinstance(stages, (list, tuple)) or not stages:
         raise FleetError(
-            "%s must be a non-empty list of stages, each {weight: percent, hold: duration}" % field,
+            "%s must be a non-empty list of stages, each {weight: percent, hold: duration}, "
+            "the first may be {cohort: [CIDRs], hold: duration}" % field,
             {"field": field},
         )
     normalised = []
@@ -142,7 +151,8 @@ def validate_schedule(stages, field="schedule"):
         where = "%s[%d]" % (field, index)
         if not isinstance(stage, dict):
             raise FleetError(
-                "%s must be a dict with the keys weight and hold; got %r" % (where, stage),
+                "%s must be a dict with the keys weight and hold (or cohort and hold); got %r"
+                % (where, stage),
                 {"field": where},
             )
         unknown = sorted(set(stage) - set(STAGE_KEYS))
@@ -152,12 +162,16 @@ def validate_schedule(stages, field="schedule"):
                 % (where, ", ".join(unknown), ", ".join(STAGE_KEYS)),
                 {"field": where},
             )
-        if "weight" not in stage:
+        cohort = _stage_cohort(stage, index, where)
+        if cohort is not None:
+            weight_bp = 0
+        elif "weight" not in stage:
             raise FleetError(
                 "%s.weight is required (a percentage in (0, 100])" % where,
                 {"field": where + ".weight"},
             )
-        weight_bp = _stage_weight(stage["weight"], where + ".weight")
+        else:
+            weight_bp = _stage_weight(stage["weight"], where + ".weight")
         if normalised and weight_bp <= normalised[-1]["weight_bp"]:
             raise FleetError(
                 "%s.weight must be greater than the previous stage's %s "
@@ -166,9 +180,10 @@ def validate_schedule(stages, field="schedule"):
                 {"field": where + ".weight"},
             )
         hold_s = parse_duration(stage.get("hold", 0), where + ".hold")
-        normalised.append(
-            {"weight": bp_to_percent(weight_bp), "weight_bp": weight_bp, "hold_s": hold_s}
-        )
+        planned = {"weight": bp_to_percent(weight_bp), "weight_bp": weight_bp, "hold_s": hold_s}
+        if cohort is not None:
+            planned["cohort"] = cohort
+        normalised.append(planned)
     if normalised[-1]["weight_bp"] != 10000:
         last = "%s[%d].weight" % (field, len(normalised) - 1)
         raise FleetError(
@@ -176,7 +191,41 @@ def validate_schedule(stages, field="schedule"):
             % (last, normalised[-1]["weight"]),
             {"field": last},
         )
+    if "cohort" in normalised[0]:
+        for planned in normalised[1:]:
+            planned["cohort"] = []
     return normalised
+
+
+def _stage_cohort(stage, index, where):
+    """The cohort stage's CIDRs as normalised strings; None for a stage by weight."""
+    if "cohort" not in stage:
+        return None
+    field = where + ".cohort"
+    if index != 0:
+        raise FleetError(
+            "%s: only the first stage may be a cohort stage (it runs at weight 0, before the "
+            "first percentage); allowed keys here: weight, hold" % field,
+            {"field": field},
+        )
+    if "weight" in stage and parse_weight(stage["weight"], where + ".weight") != 0:
+        raise FleetError(
+            "%s.weight: a cohort stage runs at weight 0 (only its cohort takes the direct path); "
+            "leave weight out or set it to 0; got %r" % (where, stage["weight"]),
+            {"field": where + ".weight"},
+        )
+    networks = parse_cohort(stage["cohort"], field)
+    if not networks:
+        raise FleetError(
+            "%s must name at least one client network (CIDR) for the stage to send direct; "
+            "got []" % field,
+            {"field": field},
+        )
+    try:
+        check_cohorts(networks, [])
+    except FleetError as error:
+        raise FleetError("%s: %s" % (field, error.message), {"field": field}) from None
+    return [str(network) for network in networks]
 
 
 def default_actor():
@@ -315,7 +364,7 @@ def summary(record, now):
 
 
 def _schedule_key(schedule):
-    return [(stage["weight_bp"], stage["hold_s"]) for stage in schedule]
+    return [(stage["weight_bp"], stage["hold_s"], stage.get("cohort")) for stage in schedule]
 
 
 def _previous_summary(record):
@@ -614,6 +663,9 @@ def weight_confirmed(record, nodes, now, actor):
 
 
 SPLIT_KEYS = ("ok", "measured_pct", "low_pct", "high_pct", "connections")
+# Kept where the split gives them (zerolayer.fleet.stage_split does): the weight's hits, the
+# cohorts' connections, and whether it was a cohort stage's.
+SPLIT_OPTIONAL_KEYS = ("to_engine", "addresses", "opt_in", "opt_out", "cohort", "weight_pct")
 
 
 def split_measured(record, splits, now, actor):
@@ -644,6 +696,7 @@ def split_measured(record, splits, now, actor):
                 {"field": field},
             )
         kept[name] = {key: split.get(key) for key in SPLIT_KEYS}
+        kept[name].update({key: split[key] for key in SPLIT_OPTIONAL_KEYS if key in split})
     record = copy.deepcopy(record)
     index = record["stage"]["index"]
     record.setdefault("splits", {})[str(index)] = kept

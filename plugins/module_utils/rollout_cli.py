@@ -59,6 +59,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
     process_started_at,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import list_records
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
@@ -300,11 +301,71 @@ def _actor():
 
 
 def _split_note(row, node):
-    """(split 4.9%)" for a node whose split the current stage measured; OFF when outside."""
+    """(split 4.9%)" for a node whose split the current stage measured; OFF when outside.
+    At a cohort stage: " (opt-in 412 conn.)", the cohort's connections handed to an engine,
+    with the connections the weight sent direct where there were any (there must be none)."""
     split = (row.get("splits") or {}).get(node)
+    if split and split.get("cohort"):
+        by_weight = int(split.get("to_engine") or 0)
+        return " (%s%s%s)" % (
+            stage_table.format_opt_in(split.get("opt_in")),
+            ", %d by weight" % by_weight if by_weight else "",
+            "" if split.get("ok") else " OFF",
+        )
     if not split or split.get("measured_pct") is None:
         return ""
     return " (split %s%%%s)" % (split["measured_pct"], "" if split.get("ok") else " OFF")
+
+
+def add_schedules(report, records):
+    """Beside each wave's standing in a status report, its record's schedule and the current
+    stage's cohort ([] for a stage by weight, and for a record from before cohort stages).
+    records: {"<rollout_id>/<wave>": record}; a wave whose record is not there is left as is."""
+    for rollout_id, waves in report.get("rollouts", {}).items():
+        for wave, row in waves.items():
+            record = records.get("%s/%s" % (rollout_id, wave))
+            if not isinstance(record, dict):
+                continue
+            schedule = record.get("schedule") or []
+            row.setdefault("schedule", schedule)
+            row.setdefault("cohort", stage_table.schedule_cohort(row["schedule"], row.get("stage")))
+    return report
+
+
+def _with_schedules(store, report):
+    """add_schedules from the store's records of the rollouts shown (one read each)."""
+    records = {}
+    for rollout_id, waves in report.get("rollouts", {}).items():
+        if all("schedule" in row and "cohort" in row for row in waves.values()):
+            continue
+        records.update(list_records(store, rollout_id))
+    return add_schedules(report, records)
+
+
+def _weight_cell(row):
+    """The WEIGHT column: the stage's percent, or 'cohort' at a cohort stage (weight 0)."""
+    return "cohort" if row.get("cohort") else row["weight"]
+
+
+def _cohort_lines(row):
+    """Under a wave whose schedule has a cohort stage: the cohort stage it is at, and the
+    schedule with its cohort stage."""
+    lines = []
+    cohort = row.get("cohort")
+    if cohort:
+        lines.append(
+            "stage %s/%s %s at weight %s"
+            % (
+                row["stage_number"],
+                row["stage_count"],
+                stage_table.format_cohort(cohort, listed=True),
+                row["weight"],
+            )
+        )
+    schedule = row.get("schedule") or []
+    if any(stage_table.stage_cohort(planned) for planned in schedule):
+        lines.append("schedule: %s" % stage_table.format_schedule(schedule))
+    return lines
 
 
 def _percents(weights_bp):
@@ -360,13 +421,15 @@ def render_status(report):
                     wave[:12],
                     _outcome_word(row),
                     "%d/%d" % (row["stage_number"], row["stage_count"]),
-                    row["weight"],
+                    _weight_cell(row),
                     row["last_verdict"] or "-",
                     row["hold_remaining_s"],
                     row["fence_epoch_taken"] if row["fence_epoch_taken"] is not None else "-",
                     nodes or "-",
                 )
             )
+            for line in _cohort_lines(row):
+                lines.append("%-28s   %s" % ("", line))
             if row["progress"]["stuck"]:
                 lines.append("%-28s   %s" % ("", _stuck_line(row["progress"])))
             if row["rolled_back_by"]:
@@ -677,7 +740,7 @@ def run(argv):
     if verb == "status":
         draws, shown = 0, None
         while True:
-            report = rollout_ops.status(store, args.rollout_id)
+            report = _with_schedules(store, rollout_ops.status(store, args.rollout_id))
             if args.watch and args.output == "table":
                 lines = render_status(report).split("\n")
                 sys.stdout.write(redraw(shown, lines))

@@ -3,7 +3,10 @@
 """A rollout's history as events in the rollout store: one structured event per transition.
 
 Every event is a small JSON document: type, at, rollout_id, wave, stage (1-based), weight,
-nodes, reason, actor and detail. Two kinds of writer make them:
+nodes, reason, actor and detail. An event of a record's cohort stage (weight 0, only the
+clients of its source CIDRs on the direct path) has the cohort in its detail, and its line
+says "cohort (N prefixes) at 0%" where another stage's says its weight. Two kinds of writer
+make them:
 
 - a record write (rollout_records.StoreRecords.write) turns the wave's new transitions
   into events and puts them in the same etcd transaction as the record, so the
@@ -27,6 +30,10 @@ import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
+    format_cohort,
+    schedule_cohort,
+)
 
 FLEET = "_fleet"
 
@@ -133,6 +140,10 @@ def _from_transition(record, rollout_id, wave, transition):
     detail["outcome"] = transition.get("outcome")
     if transition.get("action") == "promote_full":
         detail["full"] = True
+    # A cohort stage's weight is 0: the event says which clients went direct all the same.
+    cohort = schedule_cohort(record.get("schedule"), index)
+    if cohort:
+        detail.setdefault("cohort", cohort)
     kind = TRANSITION_TYPES[transition["action"]]
     if kind == "split_verified" and transition.get("off"):
         kind = "split_off"
@@ -239,10 +250,13 @@ def summary_line(entry):
         where.append("wave %s" % entry["wave"])
     if entry.get("stage"):
         where.append("stage %s" % entry["stage"])
-    if entry.get("weight") is not None:
+    detail = entry.get("detail") or {}
+    cohort = detail.get("cohort") if isinstance(detail.get("cohort"), list) else None
+    if cohort:
+        where.append("%s at %s%%" % (format_cohort(cohort), entry.get("weight") or 0))
+    elif entry.get("weight") is not None:
         where.append("%s%%" % entry["weight"])
     line = "%s: %s" % (entry["type"].replace("_", " "), ", ".join(where))
-    detail = entry.get("detail") or {}
     if detail.get("mode"):
         line += " (%s" % detail["mode"]
         if detail.get("seconds") is not None:

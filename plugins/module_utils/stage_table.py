@@ -3,7 +3,9 @@
 """The short per-wave, per-stage table of a rollout's final reports.
 
 One row per stage a wave ran: its weight, the measured split with its agreeing range, the
-gate verdicts of the stage, the time spent in it (and paused), and how it ended. The rows
+gate verdicts of the stage, the time spent in it (and paused), and how it ended. A cohort
+stage (weight 0, only the clients of its source CIDRs on the direct path) shows as
+"cohort (N prefixes)" and its split as the cohort's connections handed to an engine. The rows
 come from a rollout record (rollout.py), the measured split from what the canary kept in
 it (action split_measured), or from whoever measured it otherwise (the drill, from its
 load client). The same rows and the same text serve the progress callback's final
@@ -26,6 +28,8 @@ PAUSE_ENDS = ("resume", "promote", "promote_full", "abort", "rolled_back", "comp
 # the run carries on with the same stage and writes its weight again.)
 STAGE_STOPS = ("abort", "rolled_back", "promote_full")
 COLUMNS = ("WAVE", "STAGE", "WEIGHT", "SPLIT", "RANGE", "VERDICTS", "TIME", "END")
+# A cohort's prefixes named in full up to this many; the rest counted ("+2 more").
+COHORT_PREFIXES_SHOWN = 3
 
 
 def unix(value, field):
@@ -58,6 +62,73 @@ def format_weight(value):
         return "-"
     number = float(value)
     return ("%d%%" % number) if number.is_integer() else ("%s%%" % number)
+
+
+def stage_cohort(planned):
+    """The source CIDRs of a schedule stage's cohort; [] for a stage by weight, and for the
+    stages of a record from before cohort stages (no "cohort" key)."""
+    if not isinstance(planned, dict):
+        return []
+    return [str(prefix) for prefix in planned.get("cohort") or []]
+
+
+def schedule_cohort(schedule, index):
+    """stage_cohort of schedule[index]; [] where the index is not the schedule's."""
+    schedule = schedule or []
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(schedule):
+        return []
+    return stage_cohort(schedule[index])
+
+
+def format_prefixes(prefixes, shown=COHORT_PREFIXES_SHOWN):
+    """'10.1.0.0/16, 192.0.2.7/32', or the first `shown` of them and '+N more'."""
+    prefixes = list(prefixes or [])
+    text = ", ".join(prefixes[:shown])
+    if len(prefixes) > shown:
+        text += " +%d more" % (len(prefixes) - shown)
+    return text
+
+
+def format_cohort(prefixes, listed=False):
+    """'cohort (2 prefixes)', with listed 'cohort (2 prefixes: 10.1.0.0/16, 192.0.2.7/32)'."""
+    count = len(prefixes or [])
+    text = "%d %s" % (count, "prefix" if count == 1 else "prefixes")
+    if listed and count:
+        text += ": " + format_prefixes(prefixes)
+    return "cohort (%s)" % text
+
+
+def format_stage_weight(weight, cohort=None):
+    """A stage's weight cell: 'cohort (N prefixes)' for a cohort stage, else the percent."""
+    return format_cohort(cohort) if cohort else format_weight(weight)
+
+
+def format_opt_in(count):
+    """The cohort's connections handed to an engine: 'opt-in 412 conn.'."""
+    return "opt-in %d conn." % int(count or 0)
+
+
+def format_hold(seconds):
+    """A hold as a schedule writes it: 30m, 2h, 1h30m, 90s -> 1m30s; '' for none."""
+    seconds = int(seconds or 0)
+    if seconds <= 0:
+        return ""
+    text = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            text += "%d%s" % (count, unit)
+    return text
+
+
+def format_schedule(schedule):
+    """'cohort (2 prefixes) 30m, 1% 2h, 5% 4h, 100%': every stage with its hold."""
+    parts = []
+    for planned in schedule or []:
+        hold = format_hold(planned.get("hold_s"))
+        weight = format_stage_weight(planned.get("weight"), stage_cohort(planned))
+        parts.append("%s %s" % (weight, hold) if hold else weight)
+    return ", ".join(parts)
 
 
 def verdict_kind(entry):
@@ -154,10 +225,24 @@ def _overlap(start, end, spans):
 def split_summary(measured):
     """One row's split from {name: split_verdict result (measured_pct, low_pct, high_pct,
     ok, connections)}: the measured range over the nodes, the agreeing range (the widest
-    bounds of the nodes' own ranges), and the nodes that were off."""
+    bounds of the nodes' own ranges), and the nodes that were off.
+
+    A cohort stage's split (entries with cohort true, stage_split's) is the cohort's
+    connections handed to an engine, summed over the nodes as opt_in; it has no agreeing
+    range (the weight is 0: none of the others may go direct)."""
     entries = {name: entry for name, entry in (measured or {}).items() if isinstance(entry, dict)}
     if not entries:
         return None
+    if any(entry.get("cohort") for entry in entries.values()):
+        return {
+            "nodes": len(entries),
+            "cohort": True,
+            "opt_in": sum(int(e.get("opt_in") or 0) for e in entries.values()),
+            "measured_pct": None,
+            "range_pct": None,
+            "connections": sum(int(e.get("connections") or 0) for e in entries.values()),
+            "off": sorted(name for name, entry in entries.items() if not entry.get("ok", True)),
+        }
     values = [e["measured_pct"] for e in entries.values() if e.get("measured_pct") is not None]
     lows = [e["low_pct"] for e in entries.values() if e.get("low_pct") is not None]
     highs = [e["high_pct"] for e in entries.values() if e.get("high_pct") is not None]
@@ -182,6 +267,7 @@ def record_rows(record, now, wave=None, splits=None):
     rows = []
     for index, span in stage_spans(record).items():
         ended = span["ended_at"] if span["ended_at"] is not None else until
+        planned = record["schedule"][index]
         verdicts = [entry for entry in record.get("verdicts", []) if entry.get("stage") == index]
         counts = {}
         for entry in verdicts:
@@ -193,8 +279,10 @@ def record_rows(record, now, wave=None, splits=None):
                 "stage": index,
                 "stage_number": index + 1,
                 "stage_count": len(record["schedule"]),
-                "weight": record["schedule"][index]["weight"],
-                "hold_s": record["schedule"][index]["hold_s"],
+                "weight": planned["weight"],
+                # The cohort stage's source CIDRs; [] for a stage by weight.
+                "cohort": stage_cohort(planned),
+                "hold_s": planned["hold_s"],
                 "started_at": format_timestamp(parse_timestamp(span["started_at"], "started_at")),
                 "ended_at": None
                 if span["ended_at"] is None
@@ -231,7 +319,11 @@ def _cells(row):
     split = row.get("split") or {}
     measured = split.get("measured_pct")
     split_cell = "-"
-    if measured:
+    if split.get("cohort"):
+        split_cell = format_opt_in(split.get("opt_in"))
+        if split.get("nodes", 1) > 1:
+            split_cell += " (%d nodes)" % split["nodes"]
+    elif measured:
         split_cell = _percent_span(measured)
         if split.get("nodes", 1) > 1:
             split_cell += " (%d nodes)" % split["nodes"]
@@ -249,7 +341,7 @@ def _cells(row):
     return (
         row["wave"],
         "%d/%d" % (row["stage_number"], row["stage_count"]),
-        format_weight(row["weight"]),
+        format_stage_weight(row["weight"], row.get("cohort")),
         split_cell,
         "%.2f-%.2f%%" % tuple(agreeing) if agreeing else "-",
         verdicts or "-",

@@ -16,6 +16,15 @@ description:
     rollback''s wall time from trigger until every node confirmed weight 0 and the client
     saw no new direct-path connection, the deep rollback''s wall time, every node confirmed
     in both.'
+  - 'A canary record whose schedule has a cohort stage (weight 0, its source CIDRs on the
+    direct path; the drill names its own load client''s address) is judged against 100 % there
+    instead of the weight: C(cohort_stage_direct_client) (every request the client made
+    during the stage''s hold went direct) and C(cohort_stage_direct_router) (the router''s
+    share of new connections within the split floor of 100 %) take the place of that stage''s
+    C(split_client_stage_N) and C(split_router_stage_N); C(cohort_stage_confirmed) needs the
+    record''s split of the stage to show every node ok, measured as a cohort stage, with
+    cohort connections handed to an engine (opt_in above 0) and none sent direct by the weight
+    (to_engine 0). A record without a cohort stage gets none of these.'
   - Writes C(report.json), C(report.junit.xml) (one test case per check) and C(report.png) (weight
     written, split seen by the client and by the router, error rate, rollback moments) under
     O(output_dir). The module does not fail when a check fails; the playbook decides with

@@ -102,8 +102,16 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
     assert report["requests"]["failed"] == 0, report["requests"]["failures_by_cause"]
     assert report["requests"]["ok"] > 1000
     assert report["requests"]["streams_completed"] > 0
-    assert [stage["weight"] for stage in report["stages"]] == [1, 5, 20]
-    for stage in (1, 2, 3):
+    # The cohort stage first (weight 0, the load client itself the cohort), then 1, 5, 20 %.
+    assert [stage["weight"] for stage in report["stages"]] == [0, 1, 5, 20]
+    for name in (
+        "cohort_stage_confirmed",
+        "cohort_stage_direct_client",
+        "cohort_stage_direct_router",
+    ):
+        assert checks[name]["passed"], checks[name]
+    assert report["stages"][0]["client_direct_pct"] == 100.0, report["stages"][0]
+    for stage in (2, 3, 4):
         assert checks["split_client_stage_%d" % stage]["passed"]
         assert checks["split_router_stage_%d" % stage]["passed"]
     fast, deep = report["rollbacks"]["fast"], report["rollbacks"]["deep"]
@@ -149,3 +157,17 @@ def test_drill_loses_no_request_and_reports_both_rollbacks(fleet, tmp_path):
         assert fleet.show(node)["router"]["attached"], node
     record = json.loads((drill_dir / "rollouts" / drill_id / "gpu_nodes.json").read_text())
     assert record["outcome"] == "rolled_back"
+    # The cohort was the controller's own address toward the nodes, and every node confirmed
+    # it by the router's opt-in counter: the cohort's connections on the engine, none by the
+    # weight. Nothing of it is left on the routes after the rollbacks and the restore.
+    cohort = record["schedule"][0]["cohort"]
+    assert cohort and all(cidr.endswith(("/32", "/128")) for cidr in cohort), cohort
+    assert [stage["cohort"] for stage in record["schedule"][1:]] == [[]] * 4
+    cohort_splits = record["splits"]["0"]
+    assert sorted(cohort_splits) == fleet.nodes
+    for node, split in cohort_splits.items():
+        assert split["ok"] and split["cohort"], (node, split)
+        assert split["opt_in"] >= 100 and split["to_engine"] == 0, (node, split)
+    for node in fleet.nodes:
+        for route in fleet.show(node)["routes"]:
+            assert route["always_direct"] == [] and not route["opt_in"], (node, route)

@@ -1,7 +1,8 @@
 """The canary's measured split (playbooks/tasks/canary_confirm.yml) over routes that hash by
-client: each client address at the weight is one draw, not each connection. The task file's
-own read-back and split tasks run in one local ansible-playbook, on route_info results made
-up for each case.
+client (each client address at the weight is one draw, not each connection) and over routes
+with cohorts (their connections do not follow the weight; a cohort stage is confirmed by
+them). The task file's own read-back and split tasks run in one local ansible-playbook, on
+route_info results made up for each case.
 """
 
 import json
@@ -21,19 +22,30 @@ SETTINGS = {
 }
 
 
-def route(name, lookups, to_engine, clients=None):
-    """A route as route_info returns it (weight 50 %), with the counters the split reads."""
+def route(name, lookups, to_engine, clients=None, opt_in=0, opt_out=0, weight=50):
+    """A route as route_info returns it, with the counters the split reads."""
     entry = {
         "name": name,
-        "weight": 50,
-        "weight_bp": 5000,
+        "weight": weight,
+        "weight_bp": weight * 100,
         "generation": 2,
         "hash": "client" if clients is not None else "connection",
-        "counters": {"lookups": lookups, "to_engine": to_engine},
+        "counters": {
+            "lookups": lookups,
+            "to_engine": to_engine,
+            "to_engine_opt_in": opt_in,
+            "to_proxy_opt_out": opt_out,
+        },
+        "always_direct": COHORT if weight == 0 else [],
     }
     if clients is not None:
         entry["clients"] = dict(zip(("to_engine", "to_proxy"), clients))
     return entry
+
+
+COHORT = ["192.0.2.0/28"]
+# Cases at a cohort stage (weight 0, the cohort above); the others are at 50 %.
+COHORT_CASES = ("cohort", "cohort_too_little", "cohort_weight_ignored", "cohort_by_client")
 
 
 # name: (routes read back when the weight took, routes read after traffic came)
@@ -51,6 +63,32 @@ CASES = {
     "mixed": (
         [route("chat", 50, 25), route("embed", 10, 5, (1, 1))],
         [route("chat", 450, 225), route("embed", 410, 205, (20, 20))],
+    ),
+    # A tenant on never_direct (300 connections, all to the proxy) and the opt-in cohort (200,
+    # all to the engine) beside 1000 connections the weight split: judged on those 1000.
+    "cohorts_left_out": (
+        [route("chat", 0, 0)],
+        [route("chat", 1500, 700, opt_in=200, opt_out=300)],
+    ),
+    # A cohort stage: 250 of the cohort's connections took the engine, the other 50 the proxy.
+    "cohort": (
+        [route("chat", 10, 0, weight=0)],
+        [route("chat", 310, 250, opt_in=250, weight=0)],
+    ),
+    # Too few of the cohort's connections came, however many others did.
+    "cohort_too_little": (
+        [route("chat", 0, 0, weight=0)],
+        [route("chat", 1000, 20, opt_in=20, weight=0)],
+    ),
+    # A connection outside the cohort went direct at weight 0: the router ignores the weight.
+    "cohort_weight_ignored": (
+        [route("chat", 0, 0, weight=0)],
+        [route("chat", 400, 301, opt_in=300, weight=0)],
+    ),
+    # A route hashing by client at a cohort stage: the weight's addresses all on the proxy.
+    "cohort_by_client": (
+        [route("chat", 0, 0, (0, 0), weight=0)],
+        [route("chat", 400, 250, (0, 7), opt_in=250, weight=0)],
     ),
 }
 
@@ -83,8 +121,9 @@ def splits(tmp_path_factory):
                 "vars": {
                     **SETTINGS,
                     "canary_routes": [r["name"] for r in read_back],
-                    "_canary_weight": 50,
-                    "_canary_weight_bp": 5000,
+                    "_canary_weight": 0 if case in COHORT_CASES else 50,
+                    "_canary_weight_bp": 0 if case in COHORT_CASES else 5000,
+                    "_canary_cohort": COHORT if case in COHORT_CASES else None,
                     "_canary_readback": {"routes": read_back},
                     "_canary_split_read": {"routes": measured},
                 },
@@ -125,3 +164,36 @@ def test_routes_of_both_kinds_add_their_draws(splits):
     split = splits["mixed"]
     assert split["ok"] is True, split
     assert (split["connections"], split["addresses"], split["to_engine"]) == (800, 40, 220)
+
+
+def test_cohort_connections_are_left_out_of_the_weight_split(splits):
+    split = splits["cohorts_left_out"]
+    assert split["ok"] is True, split
+    assert (split["connections"], split["to_engine"]) == (1000, 500), split
+    assert (split["opt_in"], split["opt_out"]) == (200, 300), split
+    assert split["measured_pct"] == 50.0
+
+
+def test_a_cohort_stage_is_confirmed_by_the_cohort_s_own_connections(splits):
+    split = splits["cohort"]
+    assert split["ok"] is True, split
+    assert split["cohort"] is True
+    assert (split["opt_in"], split["to_engine"], split["sample"]) == (250, 0, 250), split
+
+
+def test_a_cohort_stage_with_too_few_cohort_connections_is_not_confirmed(splits):
+    split = splits["cohort_too_little"]
+    assert split["ok"] is False, split
+    assert "20 connections of the cohort reached an engine (at least 200 wanted)" in split["detail"]
+
+
+def test_a_connection_sent_direct_by_weight_0_fails_the_cohort_stage(splits):
+    split = splits["cohort_weight_ignored"]
+    assert split["ok"] is False, split
+    assert split["to_engine"] == 1 and split["opt_in"] == 300, split
+
+
+def test_a_client_hash_route_at_a_cohort_stage_counts_its_addresses_on_the_proxy(splits):
+    split = splits["cohort_by_client"]
+    assert split["ok"] is True, split
+    assert (split["addresses"], split["to_engine"], split["opt_in"]) == (7, 0, 250), split

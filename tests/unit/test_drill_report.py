@@ -321,3 +321,213 @@ def test_without_a_pooled_client_neither_check_runs(tmp_path):
         checks_by_name(result)
     )
     assert set(result["report"]["clients"]) == {"per_request"}
+
+
+# -- a cohort stage first: the load client's own address is the cohort -----------------------
+
+CLIENT = "192.0.2.7/32"
+NODES = ("zl-node-01", "zl-node-02", "zl-node-03")
+# As the rollout module normalises [{cohort: [CLIENT], hold: 10}, 1, 5, 20, 100 %]: every
+# stage has a "cohort" list, the cohort stage's weight is 0.
+COHORT_SCHEDULE = [
+    {"weight": 0, "weight_bp": 0, "hold_s": 10, "cohort": [CLIENT]},
+    {"weight": 1, "weight_bp": 100, "hold_s": 10, "cohort": []},
+    {"weight": 5, "weight_bp": 500, "hold_s": 10, "cohort": []},
+    {"weight": 20, "weight_bp": 2000, "hold_s": 10, "cohort": []},
+    {"weight": 100, "weight_bp": 10000, "hold_s": 0, "cohort": []},
+]
+# The stages start at these seconds; each holds from 3 s after its start for 10 s.
+COHORT_STARTS = (2, 18, 34, 50)
+
+
+def cohort_split(**change):
+    """One node's split of the cohort stage as the canary kept it (stage_split's result)."""
+    split = {"ok": True, "cohort": True, "opt_in": 350, "connections": 350, "to_engine": 0,
+             "weight_pct": 0.0, "measured_pct": 0.0, "low_pct": 0.0, "high_pct": 0.0,
+             "addresses": 0}  # fmt: skip
+    split.update(change)
+    return split
+
+
+def cohort_drill_record(splits=None):
+    """The cohort stage, then 1, 5 and 20 %, each held 10 s; paused at 20 % as planned."""
+    plain = [{"weight": w, "hold": 10} for w in (1, 2, 5, 20)] + [{"weight": 100}]
+    record, _changed, _note = r.plan(None, "drill:gpu_nodes", plain, None, False, at(0), ME)
+    record["schedule"] = [dict(stage) for stage in COHORT_SCHEDULE]
+    splits = {node: cohort_split() for node in NODES} if splits is None else splits
+    for stage, start in enumerate(COHORT_STARTS):
+        record, _changed = r.apply(record, "stage_started", {"stage": stage}, at(start), ME)
+        if stage == 0 and splits:
+            read_back = {node: {"weight": 0, "generation": 2} for node in splits}
+            record, _c = r.apply(
+                record, "weight_confirmed", {"nodes": read_back}, at(start + 1), ME
+            )
+            record, _c = r.apply(record, "split_measured", {"splits": splits}, at(start + 2), ME)
+        record, _changed = r.apply(record, "hold_started", {}, at(start + 3), ME)
+        record, _changed = r.apply(record, "stage_completed", {}, at(start + 13), ME)
+    record, _changed = r.apply(record, "pause", {"reason": "as planned"}, at(64), ME)
+    return record
+
+
+def cohort_share_at(second):
+    """The direct share the client (the cohort) sees: all of it at the cohort stage."""
+    for start, share in ((50, 0.20), (34, 0.05), (18, 0.01), (2, 1.0)):
+        if start <= second < FAST_AT:
+            return share
+    return 0.0
+
+
+def cohort_summary(proxy_at_cohort_stage=0):
+    summary = load_summary()
+    for bucket in summary["series"]:
+        direct = round(RATE * cohort_share_at(bucket["second"]))
+        if bucket["second"] == 8:  # inside the cohort stage's hold (5-15 s)
+            direct -= proxy_at_cohort_stage
+        bucket["direct"], bucket["proxy"] = direct, RATE - direct
+    summary["requests_ok"] = sum(b["direct"] + b["proxy"] for b in summary["series"])
+    return summary
+
+
+class CohortPrometheus(FakePrometheus):
+    """The router's share of new connections: the client's, times `scale` at the cohort stage."""
+
+    scale = 1.0
+
+    def query_range(self, promql, start, end, step):
+        self.queries.append(promql)
+        share = cohort_share_at(int(end - T0) - 1)
+        return {'{job="zerolayer-router"}': [(end, share * (self.scale if share == 1.0 else 1))]}
+
+
+def cohort_inputs(tmp_path, record=None, summary=None, router_scale=None):
+    params = write_inputs(tmp_path, summary=summary or cohort_summary())
+    with open(params["canary_records"][0], "w") as handle:
+        json.dump(record or cohort_drill_record(), handle)
+    params["stage_weight"] = 20.0
+    factory = None
+    if router_scale is not None:
+        params["prometheus_url"] = "http://prometheus.invalid:9090"
+        CohortPrometheus.scale = router_scale
+
+        def factory(url, timeout):
+            return CohortPrometheus(url, timeout)
+
+    return params, factory
+
+
+def run_cohort(tmp_path, **kwargs):
+    params, factory = cohort_inputs(tmp_path, **kwargs)
+    return drill.run(params, False, client_factory=factory)
+
+
+def test_a_cohort_stage_is_judged_against_every_request_direct(tmp_path):
+    result = run_cohort(tmp_path, router_scale=1.0)
+    assert result["passed"], result["failed_checks"]
+    checks = checks_by_name(result)
+    client = checks["cohort_stage_direct_client"]
+    assert (client["measured"], client["expected"]) == (100.0, "100% (every request direct)")
+    assert "cohort 192.0.2.7/32 (the load client): 1000 requests" in client["detail"]
+    router = checks["cohort_stage_direct_router"]
+    assert (router["passed"], router["measured"], router["expected"]) == (
+        True,
+        100.0,
+        "100% (98.0-100.0%)",
+    )
+    assert "cohort 192.0.2.7/32" in router["detail"]
+    confirmed = checks["cohort_stage_confirmed"]
+    assert (confirmed["passed"], confirmed["measured"]) == (True, "3/3 nodes")
+    # The cohort stage takes the place of split_*_stage_1; the weights' stages keep theirs.
+    names = [item["name"] for item in result["report"]["checks"]]
+    assert "split_client_stage_1" not in names and "split_router_stage_1" not in names
+    for n in (2, 3, 4):
+        assert checks["split_client_stage_%d" % n]["passed"]
+        assert checks["split_router_stage_%d" % n]["passed"]
+    stages = result["report"]["stages"]
+    assert [(s["weight"], s["cohort"]) for s in stages] == [(0, [CLIENT]), (1, []), (5, []),
+                                                            (20, [])]  # fmt: skip
+    assert [s["client_direct_pct"] for s in stages] == [100.0, 1.0, 5.0, 20.0]
+    # The table: the cohort stage by its cohort, its split the client's requests, all direct.
+    row = result["report"]["stage_rows"][0]
+    assert row["cohort"] == [CLIENT] and row["split"]["opt_in"] == 1000
+    cohort_line = result["table"].split("\n")[1]
+    assert "cohort (1 prefix)" in cohort_line and "opt-in 1000 conn." in cohort_line
+    assert " OFF" not in cohort_line
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"to_engine": 4, "ok": False}, "not ok, to_engine 4"),
+        ({"to_engine": 4}, "to_engine 4"),
+        ({"opt_in": 0, "ok": False}, "not ok, opt_in 0"),
+        ({"cohort": False}, "not measured as a cohort stage"),
+    ],
+)
+def test_a_node_that_did_not_confirm_the_cohort_fails_it_by_name(tmp_path, change, reason):
+    splits = {node: cohort_split() for node in NODES}
+    splits["zl-node-02"] = cohort_split(**change)
+    result = run_cohort(tmp_path, record=cohort_drill_record(splits))
+    assert not result["passed"]
+    checks = checks_by_name(result)
+    confirmed = checks["cohort_stage_confirmed"]
+    assert (confirmed["passed"], confirmed["measured"]) == (
+        False,
+        "2/3 nodes (not confirmed: zl-node-02)",
+    )
+    assert confirmed["detail"] == "wave gpu_nodes, stage 1: zl-node-02: %s" % reason
+    assert result["failed_checks"] == [
+        "cohort_stage_confirmed: measured 2/3 nodes (not confirmed: zl-node-02), expected every "
+        "node: ok, cohort, opt_in > 0, to_engine 0"
+    ]
+    assert checks["cohort_stage_direct_client"]["passed"], "the client saw it all direct"
+
+
+def test_a_cohort_stage_without_a_measured_split_is_not_confirmed(tmp_path):
+    result = run_cohort(tmp_path, record=cohort_drill_record(splits={}))
+    confirmed = checks_by_name(result)["cohort_stage_confirmed"]
+    assert (confirmed["passed"], confirmed["measured"]) == (False, "0/0 nodes")
+    assert "no node's split of stage 1" in confirmed["detail"]
+
+
+def test_a_cohort_request_on_the_proxy_fails_the_client_check(tmp_path):
+    result = run_cohort(tmp_path, summary=cohort_summary(proxy_at_cohort_stage=3))
+    assert not result["passed"]
+    client = checks_by_name(result)["cohort_stage_direct_client"]
+    # 997 of 1000: inside the floor of a 100 % weight, but a cohort has no chance in it.
+    assert (client["passed"], client["measured"]) == (False, 99.7)
+    assert (
+        "1000 requests answered during the hold of stage 1, 3 of them on the proxy"
+        in (client["detail"])
+    )
+    assert [line.split(":")[0] for line in result["failed_checks"]] == [
+        "cohort_stage_direct_client"
+    ]
+    assert "OFF client" in result["table"].split("\n")[1]
+
+
+def test_a_router_share_short_of_the_cohort_fails_the_router_check(tmp_path):
+    result = run_cohort(tmp_path, router_scale=0.9)
+    router = checks_by_name(result)["cohort_stage_direct_router"]
+    assert (router["passed"], router["measured"]) == (False, 90.0)
+    assert [line.split(":")[0] for line in result["failed_checks"]] == [
+        "cohort_stage_direct_router"
+    ]
+
+
+def test_a_drill_without_a_cohort_stage_has_exactly_the_checks_it_had(tmp_path):
+    result = drill.run(write_inputs(tmp_path), False)
+    assert [item["name"] for item in result["report"]["checks"]] == [
+        "no_request_lost",
+        "streams_completed",
+        "split_client_stage_1",
+        "split_client_stage_2",
+        "split_client_stage_3",
+        "canary_reached_its_stage",
+        "fast_rollback_time",
+        "fast_rollback_nodes",
+        "deep_rollback_time",
+        "deep_rollback_nodes",
+        "no_direct_path_after_fast_rollback",
+    ]
+    assert [stage["cohort"] for stage in result["report"]["stages"]] == [[], [], []]
+    assert "cohort" not in result["table"] and "opt-in" not in result["table"]

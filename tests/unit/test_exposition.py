@@ -529,3 +529,21 @@ def test_an_engine_slice_not_understood_keeps_everything_else_served(tmp_path):
     assert logged[0].startswith("engine memory pressure not exported: ")
     assert "has no 'some' line" in logged[0]
     assert logged[1] == "engine memory pressure read again\n"
+
+
+def test_a_cohort_stage_is_a_stage_in_progress_at_weight_zero(tmp_path):
+    # A cohort stage (weight 0: only its clients go direct) first, as the rollout module
+    # normalises it: the stage is exported by its number, the weight asked for is 0.
+    record, _changed, _note = r.plan(None, "chat-7", SCHEDULE, None, False, at(0), ME)
+    cohort_stage = {"weight": 0, "weight_bp": 0, "hold_s": 60, "cohort": ["192.0.2.7/32"]}
+    later = [dict(stage, cohort=[]) for stage in record["schedule"][1:]]
+    record["schedule"] = [cohort_stage, *later]
+    record = step(record, "stage_started", 10, stage=0)
+    record = step(record, "hold_started", 20)
+    view = exposition.rollout_from_record(record)
+    assert (view["stage_number"], view["stage_status"], view["weight_ratio"]) == (1, "holding", 0.0)
+    found = rollout_only(rollout_samples(write(tmp_path, record)))
+    assert found["zerolayer_rollout_stage"] == 1
+    assert found["zerolayer_rollout_stages"] == len(record["schedule"])
+    assert found["zerolayer_rollout_weight_ratio"] == 0
+    assert found['zerolayer_rollout_stage_status{status="holding"}'] == 1

@@ -109,3 +109,83 @@ def test_a_record_it_cannot_read_is_named_and_the_report_goes_on():
     plugin.v2_playbook_on_stats(None)
     assert plugin._display.lines[-1].startswith("[zerolayer]     cannot tabulate the records:")
     assert "transitions[].at" in plugin._display.lines[-1]
+
+
+# A cohort stage first (weight 0: only the clients of its CIDRs go direct), as the rollout
+# module normalises it: every stage has a "cohort" list.
+COHORT = ["10.1.0.0/16", "192.0.2.7/32"]
+COHORT_SCHEDULE = [
+    {"weight": 0, "weight_bp": 0, "hold_s": 60, "cohort": COHORT},
+    {"weight": 1, "weight_bp": 100, "hold_s": 60, "cohort": []},
+    {"weight": 100, "weight_bp": 10000, "hold_s": 0, "cohort": []},
+]
+
+
+def cohort_split(opt_in, to_engine=0):
+    return {"ok": to_engine == 0, "cohort": True, "opt_in": opt_in, "connections": opt_in + 50,
+            "to_engine": to_engine, "weight_pct": 0.0, "measured_pct": 0.0, "low_pct": 0.0,
+            "high_pct": 0.0, "addresses": 0}  # fmt: skip
+
+
+def test_a_cohort_stage_is_shown_as_its_cohort_with_the_opt_in_connections():
+    plugin = callback()
+    record, _c, _n = r.plan(None, "chat:wave_canary", SCHEDULE, None, False, at(0), ME)
+    record["schedule"] = [dict(stage) for stage in COHORT_SCHEDULE]
+    record, _c = r.apply(record, "stage_started", {"stage": 0}, at(10), ME)
+    state(plugin, record, 10)
+    split = {"zl-node-01": cohort_split(200), "zl-node-02": cohort_split(212)}
+    plugin.v2_runner_on_ok(result("set_fact", {"ansible_facts": {"_canary_measured_split": split}}))
+    assert plugin._display.lines[-1] == (
+        "[zerolayer] wave wave_canary | stage 1/3 | cohort (2 prefixes) at weight 0"
+        " | weight confirmed | opt-in 412 conn. (zl-node-01 200, zl-node-02 212)"
+        " | within tolerance"
+    )
+    read_back = {"weight": 0, "generation": 2}
+    nodes = {node: read_back for node in split}
+    record, _c = r.apply(record, "weight_confirmed", {"nodes": nodes}, at(11), ME)
+    record, _c = r.apply(record, "split_measured", {"splits": split}, at(12), ME)
+    record, _c = r.apply(record, "hold_started", {}, at(20), ME)
+    state(plugin, record, 20)
+    evaluation = {"rollout_id": "chat:wave_canary", "stage": 0, "weight": 0, "verdict": "pass",
+                  "decision": "continue", "hold_remaining_s": 30,
+                  "gates": [{"name": "success_rate", "verdict": "pass"}]}  # fmt: skip
+    plugin.v2_runner_on_ok(result("canary_gate", evaluation))
+    assert plugin._display.lines[-1] == (
+        "[zerolayer] wave wave_canary | stage 1/3 | cohort (2 prefixes) at weight 0"
+        " | opt-in 412 conn. (zl-node-01 200, zl-node-02 212) | success_rate=pass"
+        " | pass -> continue | hold 30s left"
+    )
+    plugin.v2_playbook_on_stats(None)
+    lines = plugin._display.lines
+    assert (
+        "[zerolayer]   wave wave_canary: running at stage 1/3 (cohort (2 prefixes), holding)"
+        " | last gates pass -> continue"
+    ) in lines
+    table = lines[lines.index("[zerolayer]   stages") + 1 :]
+    assert "cohort (2 prefixes)" in table[1] and "opt-in 412 conn. (2 nodes)" in table[1]
+
+
+def test_the_next_stage_after_a_cohort_is_shown_by_its_weight():
+    plugin = callback()
+    record, _c, _n = r.plan(None, "chat:wave_canary", SCHEDULE, None, False, at(0), ME)
+    record["schedule"] = [dict(stage) for stage in COHORT_SCHEDULE]
+    record, _c = r.apply(record, "stage_started", {"stage": 0}, at(10), ME)
+    record, _c = r.apply(record, "stage_completed", {}, at(80), ME)
+    record, _c = r.apply(record, "stage_started", {"stage": 1}, at(81), ME)
+    state(plugin, record, 81)
+    evaluation = {"rollout_id": "chat:wave_canary", "stage": 1, "weight": 1, "verdict": "hold",
+                  "decision": "continue", "hold_remaining_s": 60, "gates": []}  # fmt: skip
+    plugin.v2_runner_on_ok(result("canary_gate", evaluation))
+    assert "| stage 2/3 | weight 1% | split - | no gates |" in plugin._display.lines[-1]
+
+
+def test_a_cohort_split_over_many_nodes_is_summed_and_names_the_weights_hits():
+    split = {"n%d" % n: cohort_split(100) for n in range(5)}
+    assert zerolayer_progress.format_split(split, 4) == "opt-in 500 conn. (5 nodes)"
+    split["n0"] = cohort_split(90, to_engine=3)
+    assert zerolayer_progress.format_split(split, 8) == (
+        "opt-in 490 conn. (n0 90, n1 100, n2 100, n3 100, n4 100), 3 sent direct by the weight"
+    )
+    # A weight stage's split (with the cohorts' counts the split now keeps) is as before.
+    plain = {"n1": {"ok": True, "measured_pct": 1.1, "opt_in": 0, "opt_out": 0}}
+    assert zerolayer_progress.format_split(plain, 4) == "split n1 1.10%"

@@ -187,3 +187,39 @@ def test_a_bad_split_names_the_field_and_changes_nothing(splits, field):
         r.apply(before, "split_measured", {"splits": splits}, at(3), ME)
     assert caught.value.details["field"] == field, caught.value.message
     assert "splits" not in before or before["splits"] == {}
+
+
+COHORT = ["10.1.0.0/16", "192.0.2.7/32"]
+# A cohort stage (weight 0, only its clients go direct) before 1 %, as the rollout module
+# normalises it: every stage has a "cohort" list.
+COHORT_SCHEDULE = [
+    {"weight": 0, "weight_bp": 0, "hold_s": 60, "cohort": COHORT},
+    {"weight": 1, "weight_bp": 100, "hold_s": 60, "cohort": []},
+    {"weight": 100, "weight_bp": 10000, "hold_s": 0, "cohort": []},
+]
+
+
+def test_a_cohort_stage_event_names_its_cohort_where_a_weight_would_say_zero():
+    record = planned()
+    record["schedule"] = [dict(stage) for stage in COHORT_SCHEDULE]
+    cohort_started = step(record, "stage_started", 1, stage=0)
+    (event,) = ev.record_events(KEY, record, cohort_started)
+    assert (event["type"], event["stage"], event["weight"]) == ("stage_started", 1, 0)
+    assert event["detail"]["cohort"] == COHORT
+    assert ev.summary_line(event) == (
+        "stage started: chat-1, wave wave_canary, stage 1, cohort (2 prefixes) at 0%% [by %s]" % ME
+    )
+    # The next stage writes its weight and clears the cohort: its events are the weight's.
+    later = step(step(cohort_started, "stage_completed", 2), "stage_started", 3, stage=1)
+    (done, started_1) = ev.record_events(KEY, cohort_started, later)
+    assert done["type"] == "hold_done" and done["detail"]["cohort"] == COHORT
+    assert started_1["weight"] == 1 and "cohort" not in started_1["detail"]
+    assert ", stage 2, 1%" in ev.summary_line(started_1)
+
+
+def test_events_of_a_record_from_before_cohort_stages_have_no_cohort():
+    events = ev.record_events(KEY, None, started())
+    assert events and all("cohort" not in entry["detail"] for entry in events)
+    assert ev.summary_line(events[-1]).startswith(
+        "stage started: chat-1, wave wave_canary, stage 1, 1%"
+    )

@@ -222,3 +222,99 @@ def test_the_drill_report_keeps_rows_with_the_split_its_client_saw():
     assert low < 1 < 2 <= high, "the floor of 2 points keeps 2 % inside"
     (line,) = t.render_table([row])[1:]
     assert "2.00%" in line and "%.2f-%.2f%%" % (low, high) in line
+
+
+# A cohort stage (weight 0: only the clients of its source CIDRs go direct) before 1 %, as
+# the rollout module normalises such a schedule: every stage has a "cohort" list.
+COHORT = ["10.1.0.0/16", "192.0.2.7/32"]
+COHORT_SCHEDULE = [
+    {"weight": 0, "weight_bp": 0, "hold_s": 1800, "cohort": COHORT},
+    {"weight": 1, "weight_bp": 100, "hold_s": 3600, "cohort": []},
+    {"weight": 100, "weight_bp": 10000, "hold_s": 0, "cohort": []},
+]
+
+
+def cohort_split(opt_in, ok=True, to_engine=0, connections=900):
+    """One node's split of a cohort stage, as stage_split gives it and the record keeps it."""
+    return {"ok": ok, "cohort": True, "opt_in": opt_in, "connections": connections,
+            "to_engine": to_engine, "weight_pct": 0.0, "measured_pct": 0.0, "low_pct": 0.0,
+            "high_pct": 0.0, "addresses": 0}  # fmt: skip
+
+
+def cohort_record(splits):
+    """The cohort stage held 30 min with its split measured, then the 1 % stage started."""
+    record = planned()
+    record["schedule"] = [dict(stage) for stage in COHORT_SCHEDULE]
+    record = act(record, "stage_started", 1, stage=0)
+    read_back = {"weight": 0, "generation": 2}
+    record = act(record, "weight_confirmed", 1.5, nodes={node: read_back for node in splits})
+    record = act(record, "split_measured", 2, splits=splits)
+    record = act(record, "hold_started", 2.5)
+    record = act(record, "verdict", 30, verdict=gate("pass", "all 2 gates passed", "complete"))
+    record = act(record, "stage_completed", 32.5)
+    return act(record, "stage_started", 33, stage=1)
+
+
+def test_a_cohort_stage_row_shows_the_cohort_and_its_opt_in_connections():
+    record = cohort_record({"zl-node-01": cohort_split(200), "zl-node-02": cohort_split(212)})
+    first, second = t.record_rows(record, unix(40))
+    assert (first["weight"], first["cohort"], first["end"]) == (0, COHORT, "completed")
+    assert first["split"] == {
+        "nodes": 2,
+        "cohort": True,
+        "opt_in": 412,
+        "measured_pct": None,
+        "range_pct": None,
+        "connections": 1800,
+        "off": [],
+    }
+    assert (second["weight"], second["cohort"], second["split"]) == (1, [], None)
+    header, cohort_line, one_percent = t.render_table([first, second])
+    cells = cohort_line.split("  ")
+    assert "cohort (2 prefixes)" in cells and "opt-in 412 conn. (2 nodes)" in cohort_line
+    assert "0%" not in cohort_line, "a cohort stage is not shown as a bare 0 %"
+    # No agreeing range at weight 0: the RANGE column says so.
+    assert cohort_line[header.index("RANGE") :].startswith("- ")
+    assert one_percent[header.index("SPLIT") - 1 :].startswith(" -")
+    # The weight column stays right-aligned under its header.
+    weight_end = header.index("WEIGHT") + len("WEIGHT")
+    assert cohort_line.index("cohort (2 prefixes)") + len("cohort (2 prefixes)") == weight_end
+    assert one_percent.index("1%") + 2 == weight_end
+
+
+def test_a_cohort_stage_node_the_weight_sent_direct_is_off():
+    record = cohort_record(
+        {"n1": cohort_split(300), "n2": cohort_split(150, ok=False, to_engine=4)}
+    )
+    (row, _next) = t.record_rows(record, unix(40))
+    assert row["split"]["opt_in"] == 450 and row["split"]["off"] == ["n2"]
+    (line,) = t.render_table([row])[1:]
+    assert "opt-in 450 conn. (2 nodes) OFF n2" in line
+    (one,) = t.render_table([dict(row, split=t.split_summary({"n1": cohort_split(7)}))])[1:]
+    assert "opt-in 7 conn." in one and "nodes" not in one
+
+
+def test_a_record_from_before_cohort_stages_has_rows_without_a_cohort():
+    rows = t.record_rows(two_stages_then_rollback(), unix(60))
+    assert [row["cohort"] for row in rows] == [[], []]
+    assert "cohort" not in "\n".join(t.render_table(rows))
+
+
+def test_cohort_formats():
+    assert t.format_cohort(["192.0.2.7/32"]) == "cohort (1 prefix)"
+    assert t.format_cohort(COHORT) == "cohort (2 prefixes)"
+    assert t.format_cohort(COHORT, listed=True) == "cohort (2 prefixes: %s)" % ", ".join(COHORT)
+    many = ["10.%d.0.0/16" % n for n in range(5)]
+    assert t.format_cohort(many, listed=True) == (
+        "cohort (5 prefixes: 10.0.0.0/16, 10.1.0.0/16, 10.2.0.0/16 +2 more)"
+    )
+    assert t.format_stage_weight(0, COHORT) == "cohort (2 prefixes)"
+    assert t.format_stage_weight(5, []) == t.format_stage_weight(5) == "5%"
+    assert t.format_opt_in(412) == "opt-in 412 conn."
+    holds = [t.format_hold(s) for s in (0, 90, 1800, 5400, 86400)]
+    assert holds == ["", "1m30s", "30m", "1h30m", "1d"]
+    assert t.format_schedule(COHORT_SCHEDULE) == "cohort (2 prefixes) 30m, 1% 1h, 100%"
+    assert t.schedule_cohort(COHORT_SCHEDULE, 0) == COHORT
+    assert t.schedule_cohort(COHORT_SCHEDULE, 1) == t.schedule_cohort(COHORT_SCHEDULE, 7) == []
+    old = r.validate_schedule(SCHEDULE)
+    assert [t.stage_cohort(stage) for stage in old] == [[], [], []]
