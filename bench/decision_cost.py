@@ -29,8 +29,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
     load_program,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    client_route_index,
     histogram_percentile,
     interpolated_percentile,
+    read_client_entries,
     read_cohort_counters,
     read_counters,
     read_latency_buckets,
@@ -41,9 +43,15 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    HASH_BY_CLIENT,
+    HASH_BY_CONNECTION,
     MAX_COHORT_ENTRIES,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+    find_route,
+    read_routes,
+    set_route,
+)
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 PASS_SOURCE = os.path.join(BENCH_DIR, "bpf", "sk_lookup_pass.bpf.c")
@@ -54,6 +62,8 @@ COHORT_BATCHES = 1000
 COHORT_BATCH_RUNS = 1000
 # The bench's client: wrk connects from it, and the test runs' made-up connection too.
 CLIENT_ADDRESS = "127.0.0.1"
+# The variant whose route hashes by client (route option hash: client), no cohorts.
+HASH_CLIENT_VARIANT = "hashclient"
 
 
 def build_pass_program(workdir):
@@ -168,18 +178,24 @@ def test_run_costs(layout, route, local_port, pass_pin):
 def parse_cohort_variants(text):
     """Cohort variants from a comma-separated list: N is N prefixes none of which holds the
     client (N=1: one always_direct; more: alternately always_direct and never_direct), Nin
-    is N always_direct prefixes one of which is the client's own /32. The variant without
-    cohorts (0) is always measured: every other one is compared with it."""
+    is N always_direct prefixes one of which is the client's own /32, hashclient is a route
+    without cohorts that hashes by client (hash: client). The variant without cohorts (0)
+    is always measured: every other one is compared with it."""
     names = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
+            continue
+        if item == HASH_CLIENT_VARIANT:
+            if item not in names:
+                names.append(item)
             continue
         holds_client = item.endswith("in")
         count = item[:-2] if holds_client else item
         if not count.isdigit():
             raise ValueError(
-                "each cohort variant is a number of prefixes N (none holds the client) or Nin "
-                "(N always_direct prefixes, one of them the client's /32); got %r" % item
+                "each cohort variant is a number of prefixes N (none holds the client), Nin "
+                "(N always_direct prefixes, one of them the client's /32) or %s (no cohorts, "
+                "the route hashes by client); got %r" % (HASH_CLIENT_VARIANT, item)
             )
         prefixes = int(count)
         if prefixes > MAX_COHORT_ENTRIES or (holds_client and prefixes < 1):
@@ -196,11 +212,24 @@ def parse_cohort_variants(text):
 
 
 def cohort_variant(name):
-    """{name, prefixes, holds_client, always_direct, never_direct, title} of variant name.
+    """{name, prefixes, holds_client, always_direct, never_direct, hash_mode, title} of
+    variant name.
 
     The prefixes are /32s packed next to the client (127.0.0.2, .3, ...): the client's
     lookup walks as deep into the trie as its entries go, the dearest miss it can have.
+    hashclient: no cohorts, the route hashes by client (the client's address alone picks
+    the path, and the router notes the address in zl_clients).
     """
+    if name == HASH_CLIENT_VARIANT:
+        return {
+            "name": name,
+            "prefixes": 0,
+            "holds_client": False,
+            "always_direct": [],
+            "never_direct": [],
+            "hash_mode": HASH_BY_CLIENT,
+            "title": "none, the route hashes by client (hash: client)",
+        }
     holds_client = name.endswith("in")
     prefixes = int(name[:-2] if holds_client else name)
     first = ipaddress.ip_address(CLIENT_ADDRESS) + (0 if holds_client else 1)
@@ -226,19 +255,35 @@ def cohort_variant(name):
         "holds_client": holds_client,
         "always_direct": always,
         "never_direct": never,
+        "hash_mode": HASH_BY_CONNECTION,
         "title": title,
     }
 
 
 def set_cohort_route(layout, route, port, weight, variant):
-    """Route route at weight with the variant's cohorts, as the router module writes them."""
-    cohorts = {}
+    """Route route at weight with the variant's cohorts and hash, as the router module
+    writes them (routes.set_route; a route that hashes by client gets hash_mode=client)."""
+    options = {}
     if variant["prefixes"]:
-        cohorts = {
-            "always_direct": variant["always_direct"],
-            "never_direct": variant["never_direct"],
-        }
-    return set_route(layout, route, port=port, weight=weight, **cohorts)["after"]
+        options.update(always_direct=variant["always_direct"], never_direct=variant["never_direct"])
+    if variant.get("hash_mode", HASH_BY_CONNECTION) != HASH_BY_CONNECTION:
+        options["hash_mode"] = variant["hash_mode"]
+    return set_route(layout, route, port=port, weight=weight, **options)["after"]
+
+
+def stored_hash_mode(layout, route):
+    """The hash mode of route as its stored entry's flags word says (read back)."""
+    return find_route(read_routes(layout), route).hash_mode
+
+
+def clients_noted(layout, route_index):
+    """{to_engine, to_proxy}: the client addresses of route_index in zl_clients, by the path
+    the weight gave them (only a route that hashes by client notes any)."""
+    noted = {"to_engine": 0, "to_proxy": 0}
+    for key, (_word, direct) in read_client_entries(layout).items():
+        if client_route_index(key) == route_index:
+            noted["to_engine" if direct else "to_proxy"] += 1
+    return noted
 
 
 def nearest_rank(values, quantile):
@@ -266,6 +311,7 @@ def _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine
         "variant": variant,
         "layout": layout,
         "route_index": entry.route_index,
+        "hash_mode": stored_hash_mode(layout, route),
         "timed": timed,
         "untimed": untimed,
     }
@@ -339,6 +385,7 @@ def cohort_test_runs(
                 "always_direct": len(variant["always_direct"]),
                 "never_direct": len(variant["never_direct"]),
                 "holds_client": variant["holds_client"],
+                "hash_mode": router["hash_mode"],
                 "batch_means_ns": untimed,
                 "timed_batch_means_ns": timed,
                 "median_batch_mean_ns": statistics.median(untimed),
@@ -357,6 +404,7 @@ def cohort_test_runs(
                     field: value - before[name]["counters"].get(field, 0)
                     for field, value in counters.items()
                 },
+                "clients_noted": clients_noted(router["layout"], router["route_index"]),
                 "run_cnt_while_measured": stats_held[name],
             }
         )

@@ -12,10 +12,11 @@ the same functions the modules call. Rounds are interleaved (a, b, c, then c, b,
 two modes, keepalive and connection-per-request; the report gives medians. After the
 rounds, BPF_PROG_TEST_RUN measures the decision alone (decision_cost.py).
 
-Cohorts (--cohorts, default 0,1,200,200in): per variant with cohorts, one more netns like
-(b), its route at weight 100 with the variant's client cohorts. Per round and mode (a), (b)
-and every such netns run at the same time, so each routed/direct ratio and each variant's
-decision time come from the same moments. Then BPF_PROG_TEST_RUN runs one router per
+Cohorts (--cohorts, default 0,1,200,200in,hashclient): per variant with cohorts, one more
+netns like (b), its route at weight 100 with the variant's client cohorts (hashclient: no
+cohorts, the route hashes by client, hash: client). Per round and mode (a), (b) and every
+such netns run at the same time, so each routed/direct ratio and each variant's decision
+time come from the same moments. Then BPF_PROG_TEST_RUN runs one router per
 variant in turns, batch by batch (decision_cost.cohort_test_runs).
 
 Run as root: sudo .venv/bin/python bench/router_bench.py --rounds 5 --duration 10
@@ -146,10 +147,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--cohorts",
-        default="0,1,200,200in",
+        default="0,1,200,200in,%s" % decision_cost.HASH_CLIENT_VARIANT,
         help="cohort variants to compare, comma-separated: N = N prefixes none of which holds "
         "the client (alternately always_direct and never_direct), Nin = N always_direct prefixes "
-        "one of which is the client's /32; 0 (no cohorts) is always in (default 0,1,200,200in)",
+        "one of which is the client's /32, %s = no cohorts, the route hashes by client "
+        "(hash: client); 0 (no cohorts, hash by connection) is always in "
+        "(default 0,1,200,200in,%s)"
+        % (decision_cost.HASH_CLIENT_VARIANT, decision_cost.HASH_CLIENT_VARIANT),
     )
     parser.add_argument(
         "--cohort-rounds",
@@ -646,6 +650,7 @@ def summarise_cohorts(cohorts):
         name = variant["name"]
         variants[name] = {
             "title": variant["title"],
+            "route": cohorts["routes"][name],
             "test_run": test_rows[name],
             "to_direct": {mode: paired_ratios(runs, mode, name, "a") for mode in MODES},
             "to_none": {mode: paired_ratios(runs, mode, name, "0") for mode in MODES},
@@ -933,6 +938,24 @@ def cohort_notes(report):
     variants = "; ".join(
         "%s = %s" % (variant["name"], variant["title"]) for variant in cohorts["variants"]
     )
+    hashed = [
+        variant["name"]
+        for variant in cohorts["variants"]
+        if variant.get("hash_mode") == decision_cost.HASH_BY_CLIENT
+    ]
+    by_client = []
+    if hashed:
+        by_client = [
+            "",
+            "Hash by client (%s): the route is written with `routes.set_route(..., "
+            'hash_mode="client")`, as the route module writes `hash: client` (flags bit '
+            "ZL_ROUTE_HASH_CLIENT; the hash read back from the stored entry is in the tables). "
+            "The weight's hash is of the client's address alone, and the router notes each "
+            "address the weight decided in zl_clients. The bench has one client address, so "
+            "after its first decision every lookup finds its zl_clients entry unchanged: one "
+            "LRU hash lookup and no write, a known client's steady state, not a new client's "
+            "insert." % ", ".join(hashed),
+        ]
     return [
         "**Client cohorts.** Variants: %s. The prefixes are /32s packed next to the client "
         "%s (127.0.0.2, .3, ...), so a client outside them walks as deep into the trie as it "
@@ -955,7 +978,13 @@ def cohort_notes(report):
         "that. The p99 of the untimed batch means (nearest rank) has 1 ns resolution but "
         "averages %d runs: it shows how often a batch was slowed, not single decisions."
         % (test_runs["batches"] * test_runs["runs_per_batch"], test_runs["runs_per_batch"]),
+        *by_client,
     ]
+
+
+def format_clients(noted):
+    """zl_clients addresses of the route: direct / proxy."""
+    return "%d / %d" % (noted["to_engine"], noted["to_proxy"])
 
 
 def cohort_test_run_table(report):
@@ -966,6 +995,7 @@ def cohort_test_run_table(report):
             [
                 "Cohort variant",
                 "always / never",
+                "Hash",
                 "Mean (median of batch means)",
                 "Minus none's",
                 "Mean of all runs",
@@ -973,9 +1003,10 @@ def cohort_test_run_table(report):
                 "Timed: p99 interpolated",
                 "Timed: p50 / p99 bucket",
                 "to_engine (opt-in) / by weight / opt-out / errors",
+                "zl_clients: direct / proxy",
             ]
         ),
-        table_row(["---", "---:"] + ["---:"] * 6 + ["---"]),
+        table_row(["---", "---:", "---"] + ["---:"] * 6 + ["---", "---:"]),
     ]
     for name, figures in summary["variants"].items():
         row = figures["test_run"]
@@ -984,6 +1015,7 @@ def cohort_test_run_table(report):
                 [
                     name,
                     "%d / %d" % (row["always_direct"], row["never_direct"]),
+                    row["hash_mode"],
                     format_ns(row["median_batch_mean_ns"]),
                     "-" if name == "0" else "%+.0f ns" % row["above_none_ns"],
                     "%.1f ns" % row["mean_ns"],
@@ -991,6 +1023,7 @@ def cohort_test_run_table(report):
                     format_ns(row["p99_interpolated_ns"]),
                     "<= %s / <= %s" % (format_ns(row["p50_ns"]), format_ns(row["p99_ns"])),
                     format_counters(row["counters"]),
+                    format_clients(row["clients_noted"]),
                 ]
             )
         )
@@ -1008,6 +1041,7 @@ def cohort_traffic_table(report):
         table_row(
             [
                 "Cohort variant",
+                "Hash",
                 "routed/direct keepalive",
                 "routed/direct close",
                 "routed/none's close",
@@ -1016,10 +1050,11 @@ def cohort_traffic_table(report):
                 "Mean minus none's (close, run by run)",
                 "p99 interpolated (bucket)",
                 "to_engine (opt-in) / by weight / opt-out / errors",
+                "zl_clients: direct / proxy",
                 "wrk errors",
             ]
         ),
-        table_row(["---"] + ["---:"] * 7 + ["---", "---:"]),
+        table_row(["---", "---"] + ["---:"] * 7 + ["---", "---:", "---:"]),
     ]
     for name, figures in summary["variants"].items():
         traffic = figures["traffic"]
@@ -1027,6 +1062,7 @@ def cohort_traffic_table(report):
             table_row(
                 [
                     name,
+                    figures["route"]["hash_mode"],
                     format_range(figures["to_direct"]["keepalive"]),
                     format_range(figures["to_direct"]["close"]),
                     "-" if name == "0" else format_range(figures["to_none"]["close"]),
@@ -1036,6 +1072,7 @@ def cohort_traffic_table(report):
                     "%s (<= %s)"
                     % (format_ns(traffic["p99_interpolated_ns"]), format_ns(traffic["p99_ns"])),
                     format_counters(traffic["counters"]),
+                    format_clients(figures["route"]["clients_noted"]),
                     figures["errors"],
                 ]
             )
@@ -1176,6 +1213,17 @@ def bench(args, progress):
             report["runs"] = run_rounds(targets, args, progress)
             report["side_by_side"] = run_side_by_side(targets, args, progress)
             cohort_runs = run_cohorts_side_by_side(by_key["a"], cohort_targets, args, progress)
+        # What the traffic netns' routes are, read back: the hash their flags word gives, and
+        # the client addresses the router noted in zl_clients (hash by client only).
+        cohort_routes = {
+            name: {
+                "hash_mode": decision_cost.stored_hash_mode(target["layout"], ROUTE),
+                "clients_noted": decision_cost.clients_noted(
+                    target["layout"], target["route_index"]
+                ),
+            }
+            for name, target in cohort_targets.items()
+        }
         floor = by_key["e"]
         report["test_runs"] = decision_cost.test_run_costs(
             by_key["b"]["layout"], ROUTE, lab.SERVICE_PORT, floor["floor_pin"]
@@ -1186,6 +1234,7 @@ def bench(args, progress):
         report["cohorts"] = {
             "variants": args.cohort_variants,
             "runs": cohort_runs,
+            "routes": cohort_routes,
             "test_runs": decision_cost.cohort_test_runs(
                 stack,
                 bpffs,

@@ -150,6 +150,38 @@ def test_markdown_table_is_printed_and_written(quick_report):
     }
 
 
+def test_cohort_variants_include_the_route_that_hashes_by_client(quick_report):
+    cohorts = quick_report["report"]["cohorts"]
+    names = [variant["name"] for variant in cohorts["variants"]]
+    assert names == ["0", "1", "200", "200in", "hashclient"]
+    variants = cohorts["summary"]["variants"]
+    test_rows = {row["variant"]: row for row in cohorts["test_runs"]["rows"]}
+    for name in names:
+        hashed = name == "hashclient"
+        # The hash as the stored route entry says, in the traffic netns and the test runs.
+        wanted = "client" if hashed else "connection"
+        assert variants[name]["route"]["hash_mode"] == wanted, variants[name]["route"]
+        assert test_rows[name]["hash_mode"] == wanted, test_rows[name]
+        # Only the route that hashes by client notes its one client (127.0.0.1, direct).
+        noted = {"to_engine": 1, "to_proxy": 0} if hashed else {"to_engine": 0, "to_proxy": 0}
+        assert variants[name]["route"]["clients_noted"] == noted
+        assert test_rows[name]["clients_noted"] == noted
+        traffic = variants[name]["traffic"]["counters"]
+        assert traffic["to_engine"] > 0 and traffic["to_proxy_by_weight"] == 0, traffic
+        assert traffic["fallback_no_socket"] == 0 and traffic["assign_errors"] == 0, traffic
+        assert variants[name]["errors"] == 0
+    judged = {(verdict["variant"], verdict["figure"]) for verdict in cohorts["summary"]["targets"]}
+    assert {figure for variant, figure in judged if variant == "hashclient"} == {
+        "above_none_ns",
+        "traffic_above_none_ns",
+        "p99_ns",
+        "keepalive",
+        "close",
+    }
+    assert "| hashclient | 0 / 0 | client |" in quick_report["markdown"]
+    assert "| hashclient | client |" in quick_report["markdown"]
+
+
 def test_nothing_is_left_behind(quick_report):
     lab = quick_report["report"]["lab"]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
