@@ -84,6 +84,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import
     format_cohort,
     format_opt_in,
     format_seconds,
+    format_stage_weight,
     format_weight,
     render_table,
     rollout_rows,
@@ -180,8 +181,7 @@ class CallbackModule(CallbackBase):
 
     def _stage_weight(self, name, stage, weight, given=None):
         """'5%', or 'cohort (2 prefixes)' for a cohort stage."""
-        cohort = self._cohort(name, stage, given)
-        return format_cohort(cohort) if cohort else format_weight(weight)
+        return format_stage_weight(weight, self._cohort(name, stage, given))
 
     def _weight_label(self, name, stage, weight, given=None):
         """'weight 5%', or 'cohort (2 prefixes) at weight 0' for a cohort stage."""

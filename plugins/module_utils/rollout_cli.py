@@ -59,7 +59,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
     process_started_at,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import list_records
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
@@ -315,31 +314,6 @@ def _split_note(row, node):
     if not split or split.get("measured_pct") is None:
         return ""
     return " (split %s%%%s)" % (split["measured_pct"], "" if split.get("ok") else " OFF")
-
-
-def add_schedules(report, records):
-    """Beside each wave's standing in a status report, its record's schedule and the current
-    stage's cohort ([] for a stage by weight, and for a record from before cohort stages).
-    records: {"<rollout_id>/<wave>": record}; a wave whose record is not there is left as is."""
-    for rollout_id, waves in report.get("rollouts", {}).items():
-        for wave, row in waves.items():
-            record = records.get("%s/%s" % (rollout_id, wave))
-            if not isinstance(record, dict):
-                continue
-            schedule = record.get("schedule") or []
-            row.setdefault("schedule", schedule)
-            row.setdefault("cohort", stage_table.schedule_cohort(row["schedule"], row.get("stage")))
-    return report
-
-
-def _with_schedules(store, report):
-    """add_schedules from the store's records of the rollouts shown (one read each)."""
-    records = {}
-    for rollout_id, waves in report.get("rollouts", {}).items():
-        if all("schedule" in row and "cohort" in row for row in waves.values()):
-            continue
-        records.update(list_records(store, rollout_id))
-    return add_schedules(report, records)
 
 
 def _weight_cell(row):
@@ -740,7 +714,7 @@ def run(argv):
     if verb == "status":
         draws, shown = 0, None
         while True:
-            report = _with_schedules(store, rollout_ops.status(store, args.rollout_id))
+            report = rollout_ops.status(store, args.rollout_id)
             if args.watch and args.output == "table":
                 lines = render_status(report).split("\n")
                 sys.stdout.write(redraw(shown, lines))

@@ -86,6 +86,10 @@ def _wave_status(record, fence, now, owned=False):
     summary["nodes"] = record.get("nodes", {})
     # The current stage's measured split per node, where the runner measured one.
     summary["splits"] = (record.get("splits") or {}).get(str(record["stage"]["index"]), {})
+    # The schedule, and the current stage's cohort ([] for a stage by weight, and for a record
+    # from before cohort stages): what status shows of a cohort stage.
+    summary["schedule"] = record["schedule"]
+    summary["cohort"] = list(rollout.current_stage(record).get("cohort") or [])
     last = record["verdicts"][-1] if record["verdicts"] else {}
     summary["last_reason"] = last.get("reason")
     gates = last.get("gates") or {}

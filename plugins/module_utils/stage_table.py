@@ -321,12 +321,10 @@ def _cells(row):
     split_cell = "-"
     if split.get("cohort"):
         split_cell = format_opt_in(split.get("opt_in"))
-        if split.get("nodes", 1) > 1:
-            split_cell += " (%d nodes)" % split["nodes"]
     elif measured:
         split_cell = _percent_span(measured)
-        if split.get("nodes", 1) > 1:
-            split_cell += " (%d nodes)" % split["nodes"]
+    if split_cell != "-" and split.get("nodes", 1) > 1:
+        split_cell += " (%d nodes)" % split["nodes"]
     if split.get("off"):
         split_cell += " OFF %s" % ",".join(split["off"])
     agreeing = split.get("range_pct")

@@ -1,12 +1,12 @@
 """`zerolayer rollout status` of a wave whose schedule starts with a cohort stage (weight 0:
 only the clients of its source CIDRs go direct): the stage named by its cohort, the schedule
 beside it, the cohort's connections per node; and a record from before cohort stages shown
-as it always was. The rows are the store's status rows (rollout_ops) of records made with
-the rollout module's own actions."""
+as it always was. The rows are the store's status rows (rollout_ops, which carry each wave's
+schedule and current cohort from the record it reads) of records made with the rollout
+module's own actions."""
 
 import datetime
 import json
-import types
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli, rollout_ops
@@ -66,7 +66,7 @@ def report_of(records):
 def test_a_cohort_stage_is_named_with_its_prefixes_and_the_schedule_shows_it():
     record = at_cohort_stage({"zl-node-01": cohort_split(200), "zl-node-02": cohort_split(212)})
     records = {"chat-9/wave_canary": record}
-    report = rollout_cli.add_schedules(report_of(records), records)
+    report = report_of(records)
     row = report["rollouts"]["chat-9"]["wave_canary"]
     assert (row["cohort"], row["schedule"]) == (COHORT, COHORT_SCHEDULE)
     lines = rollout_cli.render_status(report).split("\n")
@@ -86,7 +86,7 @@ def test_a_cohort_stage_is_named_with_its_prefixes_and_the_schedule_shows_it():
 def test_a_node_whose_weight_sent_connections_direct_at_the_cohort_stage_is_off():
     record = at_cohort_stage({"n1": cohort_split(90), "n2": cohort_split(80, to_engine=3)})
     records = {"chat-9/wave_canary": record}
-    text = rollout_cli.render_status(rollout_cli.add_schedules(report_of(records), records))
+    text = rollout_cli.render_status(report_of(records))
     assert "n1 0% (opt-in 90 conn.), n2 0% (opt-in 80 conn., 3 by weight OFF)" in text
 
 
@@ -95,7 +95,7 @@ def test_a_long_cohort_is_listed_short():
     record = at_cohort_stage({"n1": cohort_split(5)})
     record["schedule"][0]["cohort"] = cohort
     records = {"chat-9/wave_canary": record}
-    text = rollout_cli.render_status(rollout_cli.add_schedules(report_of(records), records))
+    text = rollout_cli.render_status(report_of(records))
     assert (
         "stage 1/5 cohort (6 prefixes: 10.0.0.0/16, 10.1.0.0/16, 10.2.0.0/16 +3 more) at weight 0"
         in text
@@ -108,7 +108,7 @@ def test_past_the_cohort_stage_the_weight_shows_and_the_schedule_still_names_the
     record = act(record, "stage_completed", 33)
     record = act(record, "stage_started", 34, stage=1)
     records = {"chat-9/wave_canary": record}
-    report = rollout_cli.add_schedules(report_of(records), records)
+    report = report_of(records)
     assert report["rollouts"]["chat-9"]["wave_canary"]["cohort"] == []
     lines = rollout_cli.render_status(report).split("\n")
     assert lines[2].split()[3:5] == ["2/5", "1"]
@@ -121,44 +121,8 @@ def test_a_record_from_before_cohort_stages_shows_as_it_always_did():
     record = r.plan(None, "chat-3:wave_canary", PLAIN, None, False, at(0), ME)[0]
     record = act(act(record, "stage_started", 1, stage=0), "hold_started", 2)
     records = {"chat-3/wave_canary": record}
-    before = rollout_cli.render_status(report_of(records))
-    report = rollout_cli.add_schedules(report_of(records), records)
+    report = report_of(records)
     assert report["rollouts"]["chat-3"]["wave_canary"]["cohort"] == []
-    assert rollout_cli.render_status(report) == before
-    assert "cohort" not in before and "schedule" not in before
-    # Rows with nothing added (as rollout_ops.status gives them) render too.
-    assert before.split("\n")[2].split()[3:5] == ["1/5", "1"]
-
-
-class FakeStore:
-    """The store's key scheme and a prefix read over {key: record}, for _with_schedules."""
-
-    prefix = "/zl/"
-
-    def __init__(self, records):
-        kvs = [
-            types.SimpleNamespace(key=self.key("rollouts", name), value=json.dumps(rec).encode())
-            for name, rec in records.items()
-        ]
-        self.reads = []
-
-        def get_prefix(prefix):
-            self.reads.append(prefix)
-            return [kv for kv in kvs if kv.key.startswith(prefix)]
-
-        self.client = types.SimpleNamespace(get_prefix=get_prefix)
-
-    def key(self, *parts):
-        return self.prefix + "/".join(parts)
-
-
-def test_the_status_command_reads_the_records_of_the_rollouts_it_shows():
-    cohort = at_cohort_stage({"n1": cohort_split(5)})
-    records = {"chat-9/wave_canary": cohort}
-    store = FakeStore(records)
-    report = rollout_cli._with_schedules(store, report_of(records))
-    assert report["rollouts"]["chat-9"]["wave_canary"]["cohort"] == COHORT
-    assert store.reads == ["/zl/rollouts/chat-9/"]
-    # Rows that already carry their schedule are not read again.
-    rollout_cli._with_schedules(store, report)
-    assert store.reads == ["/zl/rollouts/chat-9/"]
+    text = rollout_cli.render_status(report)
+    assert "cohort" not in text and "schedule" not in text
+    assert text.split("\n")[2].split()[3:5] == ["1/5", "1"]
