@@ -29,7 +29,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
     load_program,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
-    client_route_index,
+    count_client_addresses,
     histogram_percentile,
     interpolated_percentile,
     read_client_entries,
@@ -277,13 +277,11 @@ def stored_hash_mode(layout, route):
 
 
 def clients_noted(layout, route_index):
-    """{to_engine, to_proxy}: the client addresses of route_index in zl_clients, by the path
-    the weight gave them (only a route that hashes by client notes any)."""
-    noted = {"to_engine": 0, "to_proxy": 0}
-    for key, (_word, direct) in read_client_entries(layout).items():
-        if client_route_index(key) == route_index:
-            noted["to_engine" if direct else "to_proxy"] += 1
-    return noted
+    """{to_engine, to_proxy}: the client addresses of route_index in zl_clients at its weight,
+    by the path the weight gave them (metrics.count_client_addresses, as route_info counts
+    them; only a route that hashes by client notes any)."""
+    counts = count_client_addresses(read_client_entries(layout), read_routes(layout))
+    return counts.get(route_index, {"to_engine": 0, "to_proxy": 0})
 
 
 def nearest_rank(values, quantile):
