@@ -22,6 +22,11 @@ options:
     description: Seconds to wait for each answer of the store.
     type: float
     default: 3.0
+  store_timeout:
+    description:
+      - Seconds to wait for each answer of the store; set, it wins over O(timeout). Playbooks
+        set it for the whole store group from the inventory's C(rollout_store_timeout).
+    type: float
   ca_file:
     description: CA certificate that signed the store's server certificates.
     type: path
@@ -61,6 +66,11 @@ options:
     type: list
     elements: str
     default: []
+  store_timeout:
+    description:
+      - Seconds to wait for each answer of the store; set, it wins over the 3 s default. Playbooks
+        set it for the whole store group from the inventory's C(rollout_store_timeout).
+    type: float
   ca_file:
     description: CA certificate that signed the store's server certificates.
     type: path

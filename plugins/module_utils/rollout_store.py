@@ -56,6 +56,9 @@ def store_options(required=True):
         "user": {"type": "str"},
         "password_file": {"type": "path", "no_log": False},
         "prefix": {"type": "str", "default": DEFAULT_PREFIX},
+        # The one name every store module shares, so a play's module_defaults can set it
+        # for the group (canary_gate's own timeout is Prometheus').
+        "store_timeout": {"type": "float"},
     }
     if required:
         options["timeout"] = {"type": "float", "default": 3.0}
@@ -84,7 +87,7 @@ def store_from_params(params):
         params.get("ca_file"),
         params.get("cert_file"),
         params.get("key_file"),
-        params.get("timeout"),
+        params.get("store_timeout") or params.get("timeout"),
         user=params.get("user"),
         password=password,
     )

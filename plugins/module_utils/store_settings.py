@@ -74,9 +74,10 @@ def read_settings_file(path, field):
 
 def inventory_settings(inventories, playbook_dir, run=subprocess.run):
     """The rollout_store_* variables of localhost in the inventories (the configured one when
-    none is given), rendered by Ansible itself: {} when they name no endpoints."""
+    none is given; rollout_store_timeout included), rendered by Ansible itself: {} when they
+    name no endpoints."""
     expression = "{{ {%s} | to_json }}" % ", ".join(
-        "'%s': rollout_store_%s | default(none)" % (key, key) for key in KEYS
+        "'%s': rollout_store_%s | default(none)" % (key, key) for key in ALLOWED_KEYS
     )
     argv = [_ansible_command(), "localhost", "--playbook-dir", playbook_dir]
     for inventory in inventories:

@@ -198,10 +198,6 @@ options:
   owner_lease:
     description: The lease M(zerolayer.fleet.rollout_owner) returned for O(owner_scope).
     type: int
-  store_timeout:
-    description: Seconds to wait for the rollout store.
-    type: float
-    default: 3.0
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying
@@ -520,7 +516,8 @@ def run(params, check_mode):
     now = utc_now()
     store, records = None, None
     if params.get("endpoints"):
-        store = store_from_params(dict(params, timeout=params["store_timeout"]))
+        # Its own timeout is Prometheus'; the store waits store_timeout (or the 3 s default).
+        store = store_from_params(dict(params, timeout=None))
         if params.get("record_key"):
             records = StoreRecords(store, params["record_key"])
     elif params.get("record_path"):
@@ -641,7 +638,6 @@ def main():
             epoch=dict(type="int"),
             owner_scope=dict(type="str"),
             owner_lease=dict(type="int"),
-            store_timeout=dict(type="float", default=3.0),
             **store_options(required=False),
         ),
         required_together=[("owner_scope", "owner_lease")],
