@@ -317,7 +317,8 @@ def _split_note(row, node):
 
 
 def _weight_cell(row):
-    """The WEIGHT column: the stage's percent, or 'cohort' at a cohort stage (weight 0)."""
+    """The WEIGHT column (status and list): the stage's percent, or 'cohort' at a cohort
+    stage (weight 0)."""
     return "cohort" if row.get("cohort") else row["weight"]
 
 
@@ -478,7 +479,7 @@ def render_list(listing):
             % (
                 row["rollout_id"][:28],
                 row["standing"],
-                row["weight"],
+                _weight_cell(row),
                 "-" if row["fence_epoch_taken"] is None else row["fence_epoch_taken"],
                 _to_the_second(row["created_at"]),
                 ", ".join("%s %s" % item for item in sorted(row["waves"].items())),

@@ -250,22 +250,29 @@ def rollouts(store, limit=20, since=None):
         created = min((row["created_at"] or "") for row in waves.values())
         if since is not None and created and parse_timestamp(created, "created_at") < since:
             continue
-        taken = [row["fence_epoch_taken"] for row in waves.values()]
-        rolled_back = [row["rolled_back_by"] for row in waves.values() if row["rolled_back_by"]]
-        rows.append(
-            {
-                "rollout_id": one,
-                "standing": _standing(waves),
-                "created_at": created or None,
-                "updated_at": max((row["updated_at"] or "") for row in waves.values()) or None,
-                "weight": max(row["weight"] for row in waves.values()),
-                "waves": {wave: row["outcome"] for wave, row in waves.items()},
-                "fence_epoch_taken": min((e for e in taken if e is not None), default=None),
-                "rolled_back_by": rolled_back[0] if rolled_back else None,
-            }
-        )
+        rows.append(rollout_row(one, waves, created))
     rows.sort(key=lambda row: row["created_at"] or "", reverse=True)
     return {"fence": fence, "rollouts": rows[:limit], "total": len(rows)}
+
+
+def rollout_row(rollout_id, waves, created):
+    """One rollout's row of the list, from its waves' status rows (_wave_status)."""
+    taken = [row["fence_epoch_taken"] for row in waves.values()]
+    rolled_back = [row["rolled_back_by"] for row in waves.values() if row["rolled_back_by"]]
+    weight = max(row["weight"] for row in waves.values())
+    return {
+        "rollout_id": rollout_id,
+        "standing": _standing(waves),
+        "created_at": created or None,
+        "updated_at": max((row["updated_at"] or "") for row in waves.values()) or None,
+        "weight": weight,
+        # At weight 0 a wave at its cohort stage still sends its cohort direct: say so,
+        # not a bare 0 that reads as "nothing moved yet".
+        "cohort": weight == 0 and any(row.get("cohort") for row in waves.values()),
+        "waves": {wave: row["outcome"] for wave, row in waves.items()},
+        "fence_epoch_taken": min((e for e in taken if e is not None), default=None),
+        "rolled_back_by": rolled_back[0] if rolled_back else None,
+    }
 
 
 def _standing(waves):

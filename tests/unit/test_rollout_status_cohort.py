@@ -126,3 +126,21 @@ def test_a_record_from_before_cohort_stages_shows_as_it_always_did():
     text = rollout_cli.render_status(report)
     assert "cohort" not in text and "schedule" not in text
     assert text.split("\n")[2].split()[3:5] == ["1/5", "1"]
+
+
+def test_the_list_names_a_rollout_at_its_cohort_stage_and_a_plain_one_by_its_weight():
+    holding = report_of({"chat-9/wave_canary": at_cohort_stage({"n1": cohort_split(90)})})
+    waves = holding["rollouts"]["chat-9"]
+    cohort_row = rollout_ops.rollout_row("chat-9", waves, "2026-12-01T10:00:00Z")
+    assert (cohort_row["weight"], cohort_row["cohort"]) == (0, True)
+    plain = r.plan(None, "chat-8:wave_canary", PLAIN, None, False, at(0), ME)[0]
+    plain = act(plain, "stage_started", 1, stage=0)
+    plain_waves = report_of({"chat-8/wave_canary": plain})["rollouts"]["chat-8"]
+    plain_row = rollout_ops.rollout_row("chat-8", plain_waves, "2026-12-01T09:00:00Z")
+    assert plain_row["cohort"] is False
+    lines = rollout_cli.render_list({"rollouts": [cohort_row, plain_row], "total": 2}).split("\n")
+    header = lines[0]
+    cells = {line.split()[0]: line[: header.index("WEIGHT") + len("WEIGHT")].split()[-1]
+             for line in lines[1:]}  # fmt: skip
+    assert cells["chat-9"] == "cohort"
+    assert cells["chat-8"] == str(plain_row["weight"])
