@@ -18,7 +18,9 @@ matplotlib (Agg backend, a file, no display). What each series comes from:
   pass, fail, hold or no data (a hold where every holding gate had no series at all);
 - pauses: from each pause to the resume, promote, abort, rollback or completion that ended
   it (a pause still on runs to the end of the picture);
-- stops: the abort and the rollback (labelled fast or deep from the rollback's details).
+- stops: the abort and the rollback (labelled fast or deep from the rollback's details);
+- cohort stages: the spans a wave held a cohort stage (weight 0, its cohort's clients
+  direct), hatched along the bottom of the weight panel.
 
 - measured split: each node's share of new connections sent to the engine at each
   split_measured transition (the canary's count after a weight is confirmed), drawn at its
@@ -92,6 +94,31 @@ def weight_steps(record, until):
             step(at, 0.0)
     steps.append([max(until, steps[-1][0]), steps[-1][1]])
     return steps
+
+
+def cohort_spans(record, until):
+    """Each time the wave held a cohort stage (weight 0, its cohort's clients direct):
+    {from, to, prefixes}, from its stage_started to the next stage's, a stop, or until."""
+    spans = []
+    started_at, prefixes = None, 0
+    for transition in record.get("transitions", []):
+        action = transition["action"]
+        if action not in ("stage_started", "abort", "rolled_back", "epoch_taken"):
+            continue
+        at = unix(transition["at"], "transitions[].at")
+        if started_at is not None:
+            spans.append({"from": started_at, "to": at, "prefixes": prefixes})
+            started_at = None
+        cohort = (
+            record["schedule"][transition["stage"]].get("cohort")
+            if action == "stage_started"
+            else None
+        )
+        if cohort:
+            started_at, prefixes = at, len(cohort)
+    if started_at is not None:
+        spans.append({"from": started_at, "to": max(until, started_at), "prefixes": prefixes})
+    return spans
 
 
 def confirmations(record):
@@ -203,6 +230,7 @@ def timeline(records, now):
                 "wave": wave,
                 "outcome": record["outcome"],
                 "weight_steps": weight_steps(record, until),
+                "cohort_stages": cohort_spans(record, until),
                 "confirmed": confirmations(record),
                 "readback_off": readbacks_off(record),
                 "splits": measured_splits(record),
@@ -305,6 +333,19 @@ def draw_png(series, path, title, field="png"):
                 label=split_label,
             )
             split_label = None
+        # At weight 0 the line says nothing of the cohort the stage sent direct: hatch it.
+        for number, span in enumerate(wave["cohort_stages"]):
+            top.axvspan(
+                x(span["from"]),
+                x(span["to"]),
+                ymax=0.12,
+                facecolor="none",
+                edgecolor=colour,
+                hatch="//",
+                label="%s: cohort stage (%d prefixes direct)" % (wave["wave"], span["prefixes"])
+                if number == 0
+                else None,
+            )
         for number, pause in enumerate(wave["pauses"]):
             for axis in (top, lanes):
                 axis.axvspan(

@@ -191,3 +191,40 @@ def test_a_measured_split_is_drawn_from_the_record_with_its_range():
     (point,) = tl.measured_splits(record)
     assert (point["node"], point["pct"], point["low"], point["high"], point["ok"]) == (
         "n1", 9.0, 3.0, 7.5, False)  # fmt: skip
+
+
+COHORT_SCHEDULE = [{"cohort": ["10.1.0.0/16", "192.0.2.7/32"], "hold": 1800},
+                   {"weight": 1, "hold": 600}, {"weight": 100, "hold": 0}]  # fmt: skip
+
+
+def cohort_wave():
+    return r.plan(None, "chat:wave_canary", COHORT_SCHEDULE, None, False, at(0), ME)[0]
+
+
+def test_a_cohort_stage_is_a_span_to_the_next_stage_and_weight_0_on_the_line():
+    record = act(act(cohort_wave(), "stage_started", 1, stage=0), "hold_started", 2)
+    record = act(act(record, "stage_completed", 31), "stage_started", 31, stage=1)
+    wave = one(record, 40)
+    assert wave["cohort_stages"] == [{"from": unix(1), "to": unix(31), "prefixes": 2}]
+    assert minutes_steps(wave) == [[0, 0.0], [31, 1.0], [40, 1.0]]
+
+
+@pytest.mark.parametrize("ending", ["abort", "now"])
+def test_a_cohort_stage_ends_at_a_stop_or_runs_to_now(ending):
+    record = act(cohort_wave(), "stage_started", 1, stage=0)
+    if ending == "abort":
+        record = act(record, "abort", 5, reason="drill")
+    spans = one(record, 9)["cohort_stages"]
+    assert spans == [{"from": unix(1), "to": unix(5 if ending == "abort" else 9), "prefixes": 2}]
+
+
+def test_a_plain_schedule_has_no_cohort_span():
+    assert one(started(0, 1))["cohort_stages"] == []
+
+
+def test_the_picture_hatches_a_cohort_stage(tmp_path):
+    from matplotlib import image  # installed by setup: missing, this fails
+    record = act(cohort_wave(), "stage_started", 1, stage=0)
+    series = tl.timeline({"wave_canary": record}, unix(10))
+    drawn = tl.draw_png(series, str(tmp_path / "t.png"), tl.picture_title("chat", series))
+    assert image.imread(str(tmp_path / "t.png")).shape[:2] == (drawn["height"], drawn["width"])
