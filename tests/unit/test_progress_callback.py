@@ -44,6 +44,13 @@ def state(plugin, record, seconds):
     plugin.v2_runner_on_ok(result("rollout_state", data))
 
 
+def final_report(plugin):
+    """(every line shown, the stage table's lines) once the play has ended."""
+    plugin.v2_playbook_on_stats(None)
+    lines = plugin._display.lines
+    return lines, lines[lines.index("[zerolayer]   stages") + 1 :]
+
+
 def test_the_final_report_ends_with_the_stage_table_and_the_measured_split():
     plugin = callback()
     record, _c, _n = r.plan(None, "chat:wave_canary", SCHEDULE, None, False, at(0), ME)
@@ -66,14 +73,11 @@ def test_the_final_report_ends_with_the_stage_table_and_the_measured_split():
     plugin.v2_runner_on_ok(
         result("drill_report", {"table": drill_table, "report": {"drill_id": "d-1"}})
     )
-    plugin.v2_playbook_on_stats(None)
-
-    lines = plugin._display.lines
+    lines, table = final_report(plugin)
     assert (
         "[zerolayer]   wave wave_canary: completed at stage 2/2 (100%, completed)"
         " | last gates pass -> complete"
     ) in lines
-    table = lines[lines.index("[zerolayer]   stages") + 1 :]
     assert table[0].split()[1:] == ["WAVE", "STAGE", "WEIGHT", "SPLIT", "RANGE", "VERDICTS",
                                     "TIME", "END"]  # fmt: skip
     first, second = table[1], table[2]
@@ -155,13 +159,11 @@ def test_a_cohort_stage_is_shown_as_its_cohort_with_the_opt_in_connections():
         " | opt-in 412 conn. (zl-node-01 200, zl-node-02 212) | success_rate=pass"
         " | pass -> continue | hold 30s left"
     )
-    plugin.v2_playbook_on_stats(None)
-    lines = plugin._display.lines
+    lines, table = final_report(plugin)
     assert (
         "[zerolayer]   wave wave_canary: running at stage 1/3 (cohort (2 prefixes), holding)"
         " | last gates pass -> continue"
     ) in lines
-    table = lines[lines.index("[zerolayer]   stages") + 1 :]
     assert "cohort (2 prefixes)" in table[1] and "opt-in 412 conn. (2 nodes)" in table[1]
 
 
