@@ -100,7 +100,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (  # noqa: E402
     FleetError,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (  # noqa: E402

@@ -9,7 +9,7 @@ import os
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.hashing import checksum
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     as_fleet_error,
 )

@@ -13,7 +13,7 @@ else the module runs on its host as usual.
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     as_fleet_error,
 )

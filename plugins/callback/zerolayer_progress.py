@@ -79,7 +79,7 @@ EXAMPLES = r"""
 import time  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (  # noqa: E402
     format_cohort,
     format_opt_in,

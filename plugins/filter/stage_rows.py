@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
     render_table,
     rollout_rows,

@@ -17,7 +17,7 @@ import os
 import platform
 import struct
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 _PIDFD_OPEN_SYSCALL = 434  # the same number on every architecture

@@ -27,10 +27,10 @@ import json
 import os
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
     write_text_atomic,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
     TCP_ESTABLISHED,

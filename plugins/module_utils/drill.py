@@ -28,9 +28,11 @@ import os
 import tempfile
 import xml.etree.ElementTree as ET
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_text_atomic
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
+    write_text_atomic,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
     format_prefixes,
     render_table,

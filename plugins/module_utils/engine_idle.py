@@ -23,7 +23,7 @@ import re
 import ssl
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
     TCP_ESTABLISHED,
     socket_fds,

@@ -16,7 +16,7 @@ import struct
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit, store_epoch_reader
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (

@@ -21,7 +21,7 @@ import socket
 import ssl
 import urllib.parse
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 DEFAULT_TIMEOUT_S = 3.0
 # Requests that change nothing a second copy would change again: a read, a login, a lease

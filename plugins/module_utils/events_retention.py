@@ -25,11 +25,11 @@ import json
 import math
 import re
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     parse_timestamp,
     utc_now,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 # Keys read per request: a page of events stays well below etcd's response limits, however
 # many events the store has gathered.

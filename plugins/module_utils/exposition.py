@@ -169,7 +169,7 @@ def collect_fence(layout, watcher_status=None):
     A fence file or status file that cannot be read leaves its series out (and says why
     on stderr) rather than failing the whole scrape: the route series still matter then.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
     from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
         read_status,
@@ -239,7 +239,9 @@ def collect(layout, run_time_stats=False, watcher_status=None):
 
 
 def _unix_time(value, field):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+        parse_timestamp,
+    )
 
     return parse_timestamp(value, field).timestamp()
 
@@ -306,7 +308,7 @@ def read_rollout(path):
     Never raises for a bad record: the router's metrics must still be served; the
     reason goes to "error".
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import read_record
 
     try:
@@ -825,7 +827,7 @@ def serve(
 def exporter_main(argv=None):
     import argparse
 
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
         MODULE_FAILURES,
         as_fleet_error,
     )

@@ -26,13 +26,15 @@ warning, as an outage of the store must never become an outage of the fleet's wr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_atomic
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
+    write_atomic,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.locks import flock_within
 
 DEFAULT_FENCE_FILE = "/var/lib/zerolayer/fence.json"
 # The fence watcher's store client settings (rollout_store's node_client writes them): a
@@ -122,22 +124,6 @@ def fence_file_lock(path, timeout=FENCE_LOCK_TIMEOUT_S):
         yield
     finally:
         os.close(fd)
-
-
-def flock_within(fd, timeout, poll_s):
-    """Take an exclusive flock on fd, trying for at most timeout seconds; whether it got it.
-
-    Polled rather than blocking, so that no caller ever waits longer than it said.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(poll_s)
 
 
 def admit(path, epoch, raises_traffic, what, check_mode=False, store_epoch=None, warnings=None):

@@ -32,8 +32,10 @@ import subprocess
 import threading
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import write_text_atomic
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
+    write_text_atomic,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence, read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned

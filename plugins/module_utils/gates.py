@@ -28,7 +28,13 @@ import math
 import operator
 import re
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    format_timestamp,
+    parse_timestamp,
+    seconds_between,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.numbers import parse_number
 
 COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 VERDICTS = ("pass", "fail", "hold")
@@ -51,68 +57,7 @@ HISTORY_KEEP = 200
 UNREACHABLE_KINDS = ("unreachable", "timeout")
 
 
-# ---------------------------------------------------------------- time
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def format_timestamp(moment):
-    """UTC ISO 8601 with a Z: 2025-03-01T12:00:00Z (fractions kept when present)."""
-    text = moment.astimezone(datetime.timezone.utc).replace(tzinfo=None).isoformat()
-    return text + "Z"
-
-
-def parse_timestamp(value, field):
-    """A moment from an ISO 8601 string (UTC when no offset) or Unix seconds."""
-    allowed = "an ISO 8601 time such as 2025-03-01T12:00:00Z, or Unix seconds"
-    if isinstance(value, datetime.datetime):
-        moment = value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise FleetError("%s must be %s; got %r" % (field, allowed, value), {"field": field})
-        return datetime.datetime.fromtimestamp(value, datetime.timezone.utc)
-    elif isinstance(value, str):
-        text = value.strip()
-        if re.match(r"^\d+(\.\d+)?$", text):
-            return datetime.datetime.fromtimestamp(float(text), datetime.timezone.utc)
-        if text.endswith(("Z", "z")):
-            text = text[:-1] + "+00:00"
-        try:
-            moment = datetime.datetime.fromisoformat(text)
-        except ValueError:
-            raise FleetError(
-                "%s must be %s; got %r" % (field, allowed, value), {"field": field}
-            ) from None
-    else:
-        raise FleetError("%s must be %s; got %r" % (field, allowed, value), {"field": field})
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return moment
-
-
-def seconds_between(start, end):
-    return (end - start).total_seconds()
-
-
 # ---------------------------------------------------------------- definitions
-
-
-def parse_number(value, field):
-    """A finite number from an int, float or numeric string (booleans refused)."""
-    allowed = "a finite number (int, float or numeric string)"
-    if isinstance(value, bool):
-        raise FleetError("%s must be %s; got %r" % (field, allowed, value), {"field": field})
-    try:
-        number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise FleetError(
-            "%s must be %s; got %r" % (field, allowed, value), {"field": field}
-        ) from None
-    if not math.isfinite(number):
-        raise FleetError("%s must be %s; got %r" % (field, allowed, value), {"field": field})
-    return number
 
 
 def _require_query(value, field):

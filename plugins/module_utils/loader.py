@@ -16,7 +16,7 @@ import struct
 import subprocess
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     CONFIG_MAP,
     MAP_NAMES,

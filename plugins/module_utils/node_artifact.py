@@ -7,9 +7,10 @@ exporter and the store exporter run the collection's own module_utils on nodes t
 nothing but Python's standard library. Instead of copying those files one by one, the
 controller builds them into one file, zerolayer-node-VERSION.pyz (Python's zipapp format):
 
-- it holds the modules the commands import, found by reading their imports (so none of the
-  controller's that they do not: no drill, notifications, canary steps or CLI), a __main__
-  that picks the command by the name it was run under, and a manifest with the version;
+- it holds the modules the commands import, found by reading their imports, and the
+  packages of module_utils that hold them (common/ with its __init__.py), so none of the
+  controller's that they do not (no drill, notifications, canary steps or CLI); a __main__
+  that picks the command by the name it was run under; and a manifest with the version;
 - the version is the collection's version and a digest of what the archive holds
   ("0.1.0+3f2a9c0d41b7"), so two nodes with the same version run the same code; the build
   is byte for byte the same for the same sources (fixed times and modes in the zip), so its
@@ -32,11 +33,11 @@ import shutil
 import sys
 import zipfile
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
     write_atomic,
     write_text_atomic,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
 # Command name -> (module in PACKAGE, function). The function reads sys.argv and returns
@@ -85,32 +86,74 @@ def artifact_name(version):
     return "%s%s%s" % (NAME_PREFIX, version, NAME_SUFFIX)
 
 
-def package_imports(source):
-    """The modules of PACKAGE a module's source imports, at any level (function-local
-    imports too): {"errors", "pins", ...}."""
+def package_imports(source, source_dir):
+    """The modules of PACKAGE (its files in source_dir) a module's source imports, at any
+    level (function-local imports too): {"pins", "common.errors", "common", ...}.
+
+    `from PACKAGE.common import errors` imports a module of a package and `from
+    PACKAGE.common.errors import FleetError` a name of a module: the folders of source_dir
+    tell the two apart."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == PACKAGE:
-                found.update(alias.name for alias in node.names)
-            elif node.module.startswith(PACKAGE + "."):
-                found.add(node.module[len(PACKAGE) + 1 :].split(".")[0])
+            inner = _name_in_package(node.module)
+            if inner is None:
+                continue
+            if _is_package(source_dir, inner):
+                found.update(_join(inner, alias.name) for alias in node.names)
+            else:
+                found.add(inner)
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.startswith(PACKAGE + "."):
-                    found.add(alias.name[len(PACKAGE) + 1 :].split(".")[0])
+                inner = _name_in_package(alias.name)
+                if inner:
+                    found.add(inner)
     return found
+
+
+def _name_in_package(module):
+    """A module's name in PACKAGE: "common.errors" for PACKAGE.common.errors, "" for
+    PACKAGE itself, None for a module outside it."""
+    if module == PACKAGE:
+        return ""
+    if module.startswith(PACKAGE + "."):
+        return module[len(PACKAGE) + 1 :]
+    return None
+
+
+def _join(package, name):
+    return "%s.%s" % (package, name) if package else name
+
+
+def _is_package(source_dir, name):
+    return not name or os.path.isfile(os.path.join(source_dir, *name.split("."), "__init__.py"))
+
+
+def module_file(source_dir, name):
+    """The file of module `name` of PACKAGE, relative to source_dir: "pins.py",
+    "common/errors.py", or a package's __init__.py ("common/__init__.py")."""
+    parts = name.split(".")
+    if _is_package(source_dir, name):
+        return "/".join([*parts, "__init__.py"])
+    return "/".join(parts) + ".py"
+
+
+def _packages_above(name):
+    """The packages Python imports before module `name`: "common" for "common.errors"."""
+    parts = name.split(".")
+    return [".".join(parts[:depth]) for depth in range(1, len(parts))]
 
 
 def module_closure(source_dir, entries):
     """Sorted names of the modules in source_dir (module_utils) that `entries` need, the
-    entries included. A module imported but missing is an error that names it."""
+    entries and the packages that hold them included. A module imported but missing is an
+    error that names it."""
     seen, todo = set(), list(entries)
     while todo:
         name = todo.pop()
         if name in seen:
             continue
-        path = os.path.join(source_dir, name + ".py")
+        path = os.path.join(source_dir, module_file(source_dir, name))
         try:
             with open(path, encoding="utf-8") as handle:
                 source = handle.read()
@@ -120,7 +163,8 @@ def module_closure(source_dir, entries):
                 {"module": name},
             ) from None
         seen.add(name)
-        todo.extend(package_imports(source))
+        todo.extend(package_imports(source, source_dir))
+        todo.extend(_packages_above(name))
     return sorted(seen)
 
 
@@ -154,8 +198,9 @@ def archive_entries(source_dir, version_base):
     for depth in range(1, len(parts) + 1):
         entries["/".join(parts[:depth]) + "/__init__.py"] = b""
     for name in modules:
-        with open(os.path.join(source_dir, name + ".py"), "rb") as handle:
-            entries["/".join(parts) + "/" + name + ".py"] = handle.read()
+        relative = module_file(source_dir, name)
+        with open(os.path.join(source_dir, relative), "rb") as handle:
+            entries["/".join(parts) + "/" + relative] = handle.read()
     digest = hashlib.sha256()
     for name in sorted(entries):
         digest.update(name.encode() + b"\0" + hashlib.sha256(entries[name]).digest())
@@ -198,11 +243,22 @@ def sources_key(source_dir, version_base):
     """A digest of every module in source_dir and the collection's version: what the
     archive is built from, read without parsing anything."""
     digest = hashlib.sha256(version_base.encode() + b"\0")
-    for name in sorted(os.listdir(source_dir)):
-        if name.endswith(".py"):
-            with open(os.path.join(source_dir, name), "rb") as handle:
-                digest.update(name.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
+    for relative in _python_files(source_dir):
+        with open(os.path.join(source_dir, relative), "rb") as handle:
+            digest.update(relative.encode() + b"\0" + hashlib.sha256(handle.read()).digest())
     return digest.hexdigest()
+
+
+def _python_files(source_dir):
+    """Sorted paths of the .py files in source_dir and its packages, relative to it."""
+    found = []
+    for directory, folders, names in os.walk(source_dir):
+        folders[:] = [folder for folder in folders if folder != "__pycache__"]
+        relative = os.path.relpath(directory, source_dir)
+        for name in names:
+            if name.endswith(".py"):
+                found.append(name if relative == "." else "%s/%s" % (relative, name))
+    return sorted(found)
 
 
 def build(collection_root, out_dir):

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import UsageError
+
 DEFAULT_CONFIG = "/etc/zerolayer/router.json"
 DEFAULT_PIN_DIR = "/sys/fs/bpf/zerolayer"
 DEFAULT_OBJECT = "/usr/local/lib/zerolayer/zerolayer_router.bpf.o"
@@ -40,15 +42,6 @@ ATTACH_REGISTER_TIMEOUT_S = 2.0
 EXIT_OK = 0
 EXIT_SYSTEM = 1
 EXIT_REJECTED = 2
-
-
-class UsageError(Exception):
-    """Bad command-line input; field names the option at fault."""
-
-    def __init__(self, message, field=None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
 
 
 class _Parser(argparse.ArgumentParser):
@@ -526,7 +519,7 @@ def cmd_attach(args, config):
         router_lifecycle,
         routes,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
     config = config or load_config(args.config, required=True)
     layout = _layout(args, config)

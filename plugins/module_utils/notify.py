@@ -36,9 +36,12 @@ import time
 import urllib.request
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    format_timestamp,
+    utc_now,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import format_timestamp, utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.heartbeat import run_detached
 
 FORMATS = ("json", "slack")

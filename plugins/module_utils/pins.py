@@ -42,14 +42,14 @@ import time
 import urllib.parse
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.locks import flock_within
 from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
     DEFAULT_DIRECT_DRAIN_FILE,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     DEFAULT_FENCE_FILE,
     DEFAULT_STORE_CONFIG,
-    flock_within,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     CONFIG_KEY,

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
 from ansible.module_utils.urls import open_url
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 QUERY_PATH = "/api/v1/query"
 QUERY_RANGE_PATH = "/api/v1/query_range"

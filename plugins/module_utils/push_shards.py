@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import MODES
 
 MIN_SHARD_NODES = 1

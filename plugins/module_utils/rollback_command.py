@@ -37,11 +37,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_events,
     rollout_ops,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    format_timestamp,
+    utc_now,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import format_timestamp, utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import (
     MODES,
     node_confirmations,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 MODES = ("fast", "deep")
 NO_RESULT = "no result: the node left the run before the rollback"

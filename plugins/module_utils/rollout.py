@@ -18,15 +18,17 @@ import os
 import re
 import socket
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.atomic_files import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
     write_text_atomic,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
-    VERDICTS,
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_timestamp,
     seconds_between,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+    VERDICTS,
     validate_gates,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (

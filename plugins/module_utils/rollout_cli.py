@@ -49,25 +49,24 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     stage_table,
     store_settings,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_timestamp,
     utc_now,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.process_clock import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
+    FleetError,
+    UsageError,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (
     process_started_at,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
 OUTCOME_EXIT = {"bad_input": EXIT_BAD_INPUT, "refused": EXIT_REFUSED}
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):

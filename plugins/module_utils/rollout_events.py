@@ -29,7 +29,7 @@ import json
 import os
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
     format_cohort,
     schedule_cohort,

@@ -16,7 +16,7 @@ import getpass
 import socket
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
 )

@@ -19,11 +19,11 @@ import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     parse_timestamp,
     utc_now,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
     list_records,

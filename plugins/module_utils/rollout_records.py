@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_events
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
 
 RECORD_KEY_PATTERN = re.compile(

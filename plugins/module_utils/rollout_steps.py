@@ -16,7 +16,7 @@ The playbooks carry the step out in their order and decide nothing themselves.
 
 from __future__ import annotations
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 POINTS = ("wave", "request", "verdict", "stage_end")
 REQUESTS = ("run", "pause", "resume", "promote", "promote_full", "abort")

@@ -24,7 +24,7 @@ import re
 import socket
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,

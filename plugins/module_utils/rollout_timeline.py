@@ -29,13 +29,13 @@ matplotlib (Agg backend, a file, no display). What each series comes from:
 
 from __future__ import annotations
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import parse_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.drill import (
     load_pyplot,
     mark_moment,
     save_png,
     style_weight_axis,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import FINISHED
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
     VERDICT_KINDS,

@@ -13,7 +13,7 @@ import re
 import struct
 from decimal import Decimal, InvalidOperation
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 ROUTE_NAME_LEN = 32
 MAX_ROUTES = 64

@@ -20,7 +20,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     direct_drain,
     router_mode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (

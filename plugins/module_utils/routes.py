@@ -29,7 +29,7 @@ import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     REREAD_ACTION,
     admit,

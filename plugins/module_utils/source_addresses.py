@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 
 def source_address(host, port=9):

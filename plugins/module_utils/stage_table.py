@@ -14,7 +14,7 @@ report, `zerolayer rollout report` and the drill's report. Pure logic, no Ansibl
 
 from __future__ import annotations
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_timestamp,
 )

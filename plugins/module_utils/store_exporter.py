@@ -45,12 +45,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_events,
     rollout_ops,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_timestamp,
     utc_now,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     validate_record_key,
 )

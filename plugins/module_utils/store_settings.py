@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 CONFIG_ENV = "ZEROLAYER_STORE_CONFIG"
 KEYS = ("endpoints", "ca_file", "cert_file", "key_file", "user", "password_file", "prefix")

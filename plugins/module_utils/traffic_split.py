@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import parse_number
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.numbers import parse_number
 
 # Probabilities of the counts far out in the tails are left out once they fall under this
 # share of the tail being bounded; the sum they leave out is smaller still.

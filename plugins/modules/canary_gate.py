@@ -410,7 +410,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_events,
     rollout_guard,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    format_timestamp,
+    parse_timestamp,
+    utc_now,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
     fail_module,
@@ -419,14 +424,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import Sto
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
     evaluate_gates,
-    format_timestamp,
     history_for_stage,
     new_history,
-    parse_timestamp,
     placeholder_values,
     record_evaluation,
     stage_nodes_pattern,
-    utc_now,
     validate_gates,
     validate_window,
 )

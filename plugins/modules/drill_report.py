@@ -203,11 +203,11 @@ files:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.drill import run
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     fail_module,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.drill import run
 
 
 def main():

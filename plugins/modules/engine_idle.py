@@ -122,16 +122,16 @@ engines:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
+    MODULE_FAILURES,
+    FleetError,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import (
     KINDS,
     metrics_reader,
     pids_in_cgroup,
     wait_until_idle,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
-    MODULE_FAILURES,
-    FleetError,
-    fail_module,
 )
 
 

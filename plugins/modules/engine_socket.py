@@ -120,14 +120,14 @@ socket:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
+    MODULE_FAILURES,
+    fail_module,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     main_pid_of_unit,
     register_engine_socket,
     unregister_engine_socket,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
-    MODULE_FAILURES,
-    fail_module,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     layout_from_params,

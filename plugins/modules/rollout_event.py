@@ -161,13 +161,13 @@ notifications:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout, rollout_events
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
-    MODULE_FAILURES,
-    fail_module,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     utc_now,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
+    MODULE_FAILURES,
+    fail_module,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
     store_failure,

@@ -110,7 +110,7 @@ heartbeat_pid:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     fail_module,
 )

@@ -380,12 +380,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_records,
     rollout_steps,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_options
 
 

@@ -19,10 +19,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     router_lifecycle,
     routes,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
     add_maps_of_newer_layout,
     find_bpftool,

@@ -12,11 +12,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     router_lifecycle,
     routes,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence, read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     check_pinned_maps,

@@ -341,11 +341,11 @@ def test_a_socket_the_kernel_refuses_is_an_assign_error(loaded):
 
 def test_the_copied_fd_must_be_the_socket_the_scan_found(loaded, listeners):
     """A reused fd number or pid could hand over another listener: the copy is checked."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
         check_engine_socket,
         describe_socket,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
         SELF_NETNS,
         netns_inode,

@@ -18,7 +18,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     router_lifecycle,
     router_mode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence, write_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened

@@ -8,11 +8,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     bpf_syscall,
     router_lifecycle,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
     find_bpftool,
     load_program,

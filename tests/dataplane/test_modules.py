@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     PinLayout,
 )

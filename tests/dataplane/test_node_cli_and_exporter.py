@@ -339,7 +339,7 @@ def test_exporter_asked_for_stats_without_cap_sys_admin_fails_clearly(attached):
 
 def test_exporter_maps_are_opened_read_only(attached, monkeypatch):
     from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, exposition
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
         ROUTES_MAP,
         opened_map,

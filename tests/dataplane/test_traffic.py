@@ -9,11 +9,11 @@ import socket
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import read_counters
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
 

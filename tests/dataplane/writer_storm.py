@@ -25,7 +25,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (  # noqa: 
     router_lifecycle,
     routes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (  # noqa: E402
     FenceRefused,
 )

@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 from ansible_collections.zerolayer.fleet.plugins.module_utils import gates as g
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import clock
 from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import PrometheusClient
 from jinja2.nativetypes import NativeEnvironment
 from prometheus_process import PROMETHEUS, PrometheusProcess, poll_until
@@ -264,7 +265,7 @@ def test_passing_gates_through_ansible_then_complete_when_the_hold_is_over(
         "stage": 1,
         "weight": 5,
         "hold": "1h",
-        "hold_started_at": g.format_timestamp(utc(seconds_ago=600)),
+        "hold_started_at": clock.format_timestamp(utc(seconds_ago=600)),
     }
     result = run_ansible_module(args, tmp_path)
     assert result.get("failed") is not True, result
@@ -279,7 +280,7 @@ def test_passing_gates_through_ansible_then_complete_when_the_hold_is_over(
     # The next stage, whose hold started two hours ago: its first evaluation finds the
     # hold over (the hold counts time watched, so an earlier start of the same stage's hold
     # would not: only a stage's own gaps count).
-    args.update(stage=2, hold_started_at=g.format_timestamp(utc(seconds_ago=7200)))
+    args.update(stage=2, hold_started_at=clock.format_timestamp(utc(seconds_ago=7200)))
     result = run_ansible_module(args, tmp_path)
     assert (result["verdict"], result["decision"]) == ("pass", "complete")
     assert result["hold_remaining_s"] == 0

@@ -12,7 +12,7 @@ import time
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events as ev
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
 )

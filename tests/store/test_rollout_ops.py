@@ -16,7 +16,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_guard,
     rollout_ops,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
 )

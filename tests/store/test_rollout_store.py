@@ -12,7 +12,7 @@ import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,

@@ -23,9 +23,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_events,
     store_exporter,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import format_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import format_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 
 from .etcd_member import running_etcd

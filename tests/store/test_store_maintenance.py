@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     COHORT_COUNTERS_VALUE,
     COHORT_KEY_V4,

@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 T0 = datetime.datetime(2026, 12, 6, 12, 0, 0, tzinfo=datetime.timezone.utc)
 ME = "sre@controller"

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import drill
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 T0 = 1_796_000_000.0
 ME = "drill@controller"

@@ -8,6 +8,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import (
     client_connections,
     established_by_inode,
@@ -16,7 +17,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import
     requests_in_flight,
     wait_until_idle,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -5,7 +5,7 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from urllib.error import HTTPError, URLError
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import gates as g
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import clock
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import (
     PrometheusClient,
     Sample,
@@ -571,7 +572,7 @@ def test_cumulative_failures_roll_back_at_the_failure_limit():
 def test_holds_extend_the_stage_by_the_time_spent_holding():
     _history, outcomes = run_stage(["pass", "hold", "hold", "pass"], hold_s=180, step=60)
     assert outcomes[2]["hold_extension_s"] == 120
-    assert outcomes[2]["hold_ends_at"] == g.format_timestamp(at(300))
+    assert outcomes[2]["hold_ends_at"] == clock.format_timestamp(at(300))
     # At 240 s the plain hold (180 s) is over, but two minutes of it were inconclusive.
     assert outcomes[3]["decision"] == "continue"
     assert outcomes[3]["hold_remaining_s"] == 60
@@ -618,7 +619,7 @@ def test_without_a_hold_start_the_first_evaluation_starts_the_hold():
     history, outcome = g.record_evaluation(
         g.new_history(None, 0), "pass", at(50), 100, None, limits()
     )
-    assert outcome["hold_started_at"] == g.format_timestamp(at(50))
+    assert outcome["hold_started_at"] == clock.format_timestamp(at(50))
     assert outcome["hold_remaining_s"] == 100
     _history, outcome = g.record_evaluation(history, "pass", at(150), 100, None, limits())
     assert outcome["decision"] == "complete"
@@ -671,13 +672,13 @@ def test_bad_limits_are_refused(field, value):
     ],
 )
 def test_timestamps_in_every_accepted_form(value):
-    assert g.parse_timestamp(value, "hold_started_at") == T0
+    assert clock.parse_timestamp(value, "hold_started_at") == T0
 
 
 @pytest.mark.parametrize("value", ["yesterday", "", True, float("nan"), [1]])
 def test_bad_timestamps_name_the_field(value):
     with pytest.raises(FleetError) as caught:
-        g.parse_timestamp(value, "hold_started_at")
+        clock.parse_timestamp(value, "hold_started_at")
     assert caught.value.details["field"] == "hold_started_at"
     assert "ISO 8601" in caught.value.message
 

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
-from ansible_collections.zerolayer.fleet.plugins.module_utils import errors
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import errors
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import route_info
 
 MODULES_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "plugins", "modules")
@@ -94,3 +94,19 @@ def test_every_module_hands_its_failures_to_the_shared_helper(path):
     handlers = main_handlers(path)
     assert "MODULE_FAILURES" in handlers, handlers
     assert "FleetError" not in handlers, "a bare FleetError clause lets OSError through"
+
+
+def test_the_commands_bad_input_is_one_fleet_error_with_exit_status_2(capsys):
+    """zerolayer-routectl and zerolayer raise the same UsageError, a FleetError, and still
+    answer it as before: exit 2, the field named (routectl's JSON) or the message (zerolayer)."""
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli, rollout_cli
+
+    assert node_cli.UsageError is rollout_cli.UsageError is errors.UsageError
+    assert issubclass(errors.UsageError, FleetError)
+    error = errors.UsageError("--weight must be a number", "weight")
+    assert str(error) == error.message == "--weight must be a number"
+    assert error.field == error.details["field"] == "weight"
+    assert node_cli.run(["set-weight"]) == node_cli.EXIT_REJECTED == 2
+    assert json.loads(capsys.readouterr().err)["field"] == "route"
+    assert rollout_cli.main(["rollout", "status", "-o", "yaml"]) == rollout_cli.EXIT_BAD_INPUT
+    assert capsys.readouterr().err.startswith("zerolayer: ")

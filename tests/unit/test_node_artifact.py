@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import node_artifact
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODULE_UTILS = os.path.join(REPO, "plugins", "module_utils")
@@ -27,11 +27,11 @@ def built(tmp_path, name="build", root=REPO):
 
 def source_copy(tmp_path, change):
     """A copy of the collection's galaxy.yml and module_utils with one line added to
-    errors.py: another version, with other offsets in its zip."""
+    common/errors.py: another version, with other offsets in its zip."""
     root = tmp_path / ("src-%s" % change)
     shutil.copytree(MODULE_UTILS, root / "plugins" / "module_utils")
     shutil.copy(os.path.join(REPO, "galaxy.yml"), root / "galaxy.yml")
-    with open(root / "plugins" / "module_utils" / "errors.py", "a") as handle:
+    with open(root / "plugins" / "module_utils" / "common" / "errors.py", "a") as handle:
         handle.write("\n# %s\n%s\n" % (change, "#" * 4000))
     return str(root)
 
@@ -70,13 +70,14 @@ def test_it_holds_what_the_commands_import_and_nothing_of_the_controller(tmp_pat
         names = set(archive.namelist())
     assert manifest["version"] == artifact["version"]
     assert sorted(manifest["commands"]) == sorted(node_artifact.COMMANDS)
-    for module in ("node_cli", "fence_watcher", "exposition", "store_exporter", "errors"):
+    for module in ("node_cli", "fence_watcher", "exposition", "store_exporter", "common.errors"):
         assert module in manifest["modules"]
     # notify: the sinks are secrets the nodes and the store's exporter never read.
     for controller_only in ("drill", "rollout_cli", "push_shards", "canary_gate", "notify"):
         assert controller_only not in manifest["modules"]
     package = node_artifact.PACKAGE.replace(".", "/")
-    assert {"%s/%s.py" % (package, m) for m in manifest["modules"]} <= names
+    files = {node_artifact.module_file(MODULE_UTILS, m) for m in manifest["modules"]}
+    assert {"%s/%s" % (package, f) for f in files} <= names
     with open(artifact["path"], "rb") as handle:
         assert handle.readline() == b"#!/usr/bin/python3 -sS\n"
 
@@ -98,8 +99,50 @@ def test_every_module_it_holds_imports_from_it_alone(tmp_path):
     assert run.returncode == 0, run.stderr
     # The AST closure saw every import: none of them names a module left out.
     for name in modules:
-        with open(os.path.join(MODULE_UTILS, name + ".py")) as handle:
-            assert node_artifact.package_imports(handle.read()) <= set(modules), name
+        with open(os.path.join(MODULE_UTILS, node_artifact.module_file(MODULE_UTILS, name))) as f:
+            assert node_artifact.package_imports(f.read(), MODULE_UTILS) <= set(modules), name
+
+
+def test_a_package_of_module_utils_goes_with_its_own_init_file(tmp_path):
+    artifact = built(tmp_path)
+    package = node_artifact.PACKAGE.replace(".", "/")
+    with zipfile.ZipFile(artifact["path"]) as archive:
+        held = archive.read("%s/common/__init__.py" % package)
+    with open(os.path.join(MODULE_UTILS, "common", "__init__.py"), "rb") as handle:
+        assert held == handle.read()
+    assert {"common", "common.errors"} <= set(artifact["modules"])
+
+
+def test_imports_name_modules_of_packages_and_names_of_modules(tmp_path):
+    source = tmp_path / "module_utils"
+    (source / "layer").mkdir(parents=True)
+    (source / "layer" / "__init__.py").write_text("")
+    for name in ("layer/one.py", "layer/two.py", "flat.py"):
+        (source / name).write_text("")
+    package = node_artifact.PACKAGE
+    (source / "entry.py").write_text(
+        "from %s.layer import one\n"
+        "from %s.layer.two import SOMETHING\n"
+        "from %s import flat\n"
+        "def later():\n"
+        "    import %s.layer.one\n" % (package, package, package, package)
+    )
+    imports = node_artifact.package_imports((source / "entry.py").read_text(), str(source))
+    assert imports == {"layer.one", "layer.two", "flat"}
+    closure = node_artifact.module_closure(str(source), ["entry"])
+    assert closure == ["entry", "flat", "layer", "layer.one", "layer.two"]
+    assert node_artifact.module_file(str(source), "layer") == "layer/__init__.py"
+    assert node_artifact.module_file(str(source), "layer.one") == "layer/one.py"
+
+
+def test_a_change_in_a_package_is_a_change_of_the_sources(tmp_path):
+    """What a build is kept by (sources_key) covers the packages' files too."""
+    root = source_copy(tmp_path, "a")
+    source_dir = os.path.join(root, "plugins", "module_utils")
+    before = node_artifact.sources_key(source_dir, "1.0.0")
+    with open(os.path.join(source_dir, "common", "clock.py"), "a") as handle:
+        handle.write("\n# changed\n")
+    assert node_artifact.sources_key(source_dir, "1.0.0") != before
 
 
 def links(tmp_path, artifact):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli, pins
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import DEFAULT_FENCE_FILE
 
 PIN_DIR = "/sys/fs/bpf/zerolayer-unit"

@@ -1,7 +1,7 @@
 """What a route write would do, decided before anything is written."""
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAX_ROUTES, Route
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import plan_route
 

@@ -1,7 +1,7 @@
 """Each node's line in a rollback report (rollback_confirmation.py): watcher, push, or nothing."""
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import (
     NO_RESULT,
     by_fast_push,

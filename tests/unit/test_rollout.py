@@ -6,7 +6,7 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_steps as s
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 from test_rollout import params as rollout_params
 

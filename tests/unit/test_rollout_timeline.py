@@ -172,7 +172,7 @@ def test_the_picture_is_written_at_its_size(tmp_path):
 
 def test_a_picture_that_cannot_be_written_names_the_option(tmp_path):
     pytest.importorskip("matplotlib")
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
     series = tl.timeline({"wave_canary": planned()}, unix(1))
     with pytest.raises(FleetError) as refused:

@@ -1,7 +1,7 @@
 """Byte layouts of the route map and input checks on names, ports, slots and the hash."""
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     CLIENT_KEY,
     CLIENT_SEEN,

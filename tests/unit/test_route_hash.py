@@ -4,7 +4,7 @@ addresses of a hash-by-client route counted at its current weight word."""
 import ipaddress
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     count_client_addresses,
 )

@@ -2,7 +2,7 @@
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     raise_fence,
     read_fence,

@@ -4,7 +4,7 @@ asked of this machine's kernel with a connected UDP socket: no packet leaves the
 import pytest
 from ansible.errors import AnsibleLookupError
 from ansible_collections.zerolayer.fleet.plugins.lookup.source_address import LookupModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.source_addresses import (
     source_address,
     source_cidrs,

@@ -13,7 +13,7 @@ import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter as se
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 SCHEDULE = [{"weight": 5, "hold": 60}, {"weight": 100, "hold": 0}]

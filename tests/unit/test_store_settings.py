@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli, store_settings
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PLAYBOOKS = os.path.join(REPO, "playbooks")

@@ -11,7 +11,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.zerolayer.fleet.plugins.filter.split_verdict import split_verdict
 from ansible_collections.zerolayer.fleet.plugins.module_utils import traffic_split as ts
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 FOUR_SIGMA_TAIL = Fraction(ts.tail_share(4))
 

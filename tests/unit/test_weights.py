@@ -3,7 +3,7 @@
 from decimal import Decimal
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     bp_to_percent,
     parse_weight,

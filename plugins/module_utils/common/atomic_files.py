@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 
 def write_atomic(path, write, mode=0o644):

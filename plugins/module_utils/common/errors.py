@@ -1,13 +1,14 @@
 # Copyright: zerolayer.fleet contributors
 # Apache License 2.0 (see LICENSE)
-"""The one exception type of the collection, and how a module reports any failure.
+"""The one exception hierarchy of the collection, and how a module reports any failure.
 
-Every failure in plugins/module_utils raises FleetError; a module turns it into
-fail_json(msg=..., **details) and nothing else. A system call or a read of bad data
-that module_utils did not foresee still raises OSError, KeyError, ValueError or
-struct.error: a module's main() catches MODULE_FAILURES and hands the error to
-fail_module(), so such a failure reaches people as one message naming the errno and
-the path, not as a Python traceback.
+Every failure in plugins/module_utils raises FleetError or a subclass of it (UsageError
+here, for the commands' bad options; the store's, the fence's and others beside the code
+that raises them); a module turns it into fail_json(msg=..., **details) and nothing else.
+A system call or a read of bad data that module_utils did not foresee still raises
+OSError, KeyError, ValueError or struct.error: a module's main() catches MODULE_FAILURES
+and hands the error to fail_module(), so such a failure reaches people as one message
+naming the errno and the path, not as a Python traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ class FleetError(Exception):
         kwargs = {"msg": self.message}
         kwargs.update(self.details)
         return kwargs
+
+
+class UsageError(FleetError):
+    """Bad command-line input: the commands (zerolayer-routectl, zerolayer) exit with their
+    bad-input status (2) on it; field names the option at fault when it is known."""
+
+    def __init__(self, message, field=None):
+        super().__init__(message, {"field": field})
+
+    @property
+    def field(self):
+        return self.details["field"]
 
 
 # Raised by the standard library on a failed system call (OSError) or by decoding data
