@@ -224,6 +224,7 @@ def test_a_plain_schedule_has_no_cohort_span():
 
 def test_the_picture_hatches_a_cohort_stage(tmp_path):
     from matplotlib import image  # installed by setup: missing, this fails
+
     record = act(cohort_wave(), "stage_started", 1, stage=0)
     series = tl.timeline({"wave_canary": record}, unix(10))
     drawn = tl.draw_png(series, str(tmp_path / "t.png"), tl.picture_title("chat", series))
