@@ -71,6 +71,11 @@ def whole_seconds(at):
     return parse_timestamp(at, "at").strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# The transitions after which every node of the wave is at weight 0: the abort's fence, a
+# rollback, a resume under a newer fence (epoch_taken).
+ZEROING_ACTIONS = ("abort", "rolled_back", "epoch_taken")
+
+
 def _stage_weight(record, index):
     return float(record["schedule"][index]["weight"])
 
@@ -90,7 +95,7 @@ def weight_steps(record, until):
             step(at, float(transition.get("weight", _stage_weight(record, transition["stage"]))))
         elif action == "weight_confirmed":
             step(at, _stage_weight(record, transition["stage"]))
-        elif action in ("abort", "rolled_back", "epoch_taken"):
+        elif action in ZEROING_ACTIONS:
             step(at, 0.0)
     steps.append([max(until, steps[-1][0]), steps[-1][1]])
     return steps
@@ -103,7 +108,7 @@ def cohort_spans(record, until):
     started_at, prefixes = None, 0
     for transition in record.get("transitions", []):
         action = transition["action"]
-        if action not in ("stage_started", "abort", "rolled_back", "epoch_taken"):
+        if action != "stage_started" and action not in ZEROING_ACTIONS:
             continue
         at = unix(transition["at"], "transitions[].at")
         if started_at is not None:
