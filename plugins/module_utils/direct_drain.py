@@ -22,7 +22,6 @@ port, while the proxy's client connections belong to the processes listening the
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -31,6 +30,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.locks import flock_within
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
     TCP_ESTABLISHED,
@@ -72,15 +72,8 @@ def _marker_lock(path):
     os.makedirs(directory, mode=0o755, exist_ok=True)
     fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break  # write unlocked rather than hold the caller up
-                time.sleep(_LOCK_POLL_S)
+        # Not taken within LOCK_WAIT_S: write unlocked rather than hold the caller up.
+        flock_within(fd, LOCK_WAIT_S, _LOCK_POLL_S)
         yield
     finally:
         os.close(fd)
