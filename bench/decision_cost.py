@@ -38,14 +38,20 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_latency_buckets,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    ROUTES_MAP,
     PinLayout,
     ensure_pin_dirs,
     opened,
+    opened_map,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     HASH_BY_CLIENT,
     HASH_BY_CONNECTION,
     MAX_COHORT_ENTRIES,
+    ROUTE_VALUE,
+    decode_route,
+    encode_port,
+    encode_route,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
     find_route,
@@ -64,6 +70,10 @@ COHORT_BATCH_RUNS = 1000
 CLIENT_ADDRESS = "127.0.0.1"
 # The variant whose route hashes by client (route option hash: client), no cohorts.
 HASH_CLIENT_VARIANT = "hashclient"
+# No cohorts, and a route entry without ZL_ROUTE_NO_COHORTS: the trie is looked up, found
+# empty, as every route's was before the flag.
+TRIE_LOOKUP_VARIANT = "0lookup"
+NAMED_VARIANTS = (HASH_CLIENT_VARIANT, TRIE_LOOKUP_VARIANT)
 
 
 def build_pass_program(workdir):
@@ -179,13 +189,15 @@ def parse_cohort_variants(text):
     """Cohort variants from a comma-separated list: N is N prefixes none of which holds the
     client (N=1: one always_direct; more: alternately always_direct and never_direct), Nin
     is N always_direct prefixes one of which is the client's own /32, hashclient is a route
-    without cohorts that hashes by client (hash: client). The variant without cohorts (0)
+    without cohorts that hashes by client (hash: client), 0lookup a route without cohorts
+    whose entry lacks ZL_ROUTE_NO_COHORTS (the empty trie looked up, as before that flag
+    existed). The variant without cohorts (0)
     is always measured: every other one is compared with it."""
     names = []
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
-        if item == HASH_CLIENT_VARIANT:
+        if item in NAMED_VARIANTS:
             if item not in names:
                 names.append(item)
             continue
@@ -194,8 +206,9 @@ def parse_cohort_variants(text):
         if not count.isdigit():
             raise ValueError(
                 "each cohort variant is a number of prefixes N (none holds the client), Nin "
-                "(N always_direct prefixes, one of them the client's /32) or %s (no cohorts, "
-                "the route hashes by client); got %r" % (HASH_CLIENT_VARIANT, item)
+                "(N always_direct prefixes, one of them the client's /32), %s (no cohorts, "
+                "the route hashes by client) or %s (no cohorts, the trie looked up as before "
+                "ZL_ROUTE_NO_COHORTS); got %r" % (HASH_CLIENT_VARIANT, TRIE_LOOKUP_VARIANT, item)
             )
         prefixes = int(count)
         if prefixes > MAX_COHORT_ENTRIES or (holds_client and prefixes < 1):
@@ -218,8 +231,20 @@ def cohort_variant(name):
     The prefixes are /32s packed next to the client (127.0.0.2, .3, ...): the client's
     lookup walks as deep into the trie as its entries go, the dearest miss it can have.
     hashclient: no cohorts, the route hashes by client (the client's address alone picks
-    the path, and the router notes the address in zl_clients).
+    the path, and the router notes the address in zl_clients). 0lookup: no cohorts, the
+    trie looked up all the same (looks_trie_up).
     """
+    if name == TRIE_LOOKUP_VARIANT:
+        return {
+            "name": name,
+            "prefixes": 0,
+            "holds_client": False,
+            "always_direct": [],
+            "never_direct": [],
+            "hash_mode": HASH_BY_CONNECTION,
+            "looks_trie_up": True,
+            "title": "none, the empty trie looked up (an entry without ZL_ROUTE_NO_COHORTS)",
+        }
     if name == HASH_CLIENT_VARIANT:
         return {
             "name": name,
@@ -268,7 +293,26 @@ def set_cohort_route(layout, route, port, weight, variant):
         options.update(always_direct=variant["always_direct"], never_direct=variant["never_direct"])
     if variant.get("hash_mode", HASH_BY_CONNECTION) != HASH_BY_CONNECTION:
         options["hash_mode"] = variant["hash_mode"]
-    return set_route(layout, route, port=port, weight=weight, **options)["after"]
+    after = set_route(layout, route, port=port, weight=weight, **options)["after"]
+    if variant.get("looks_trie_up"):
+        after = write_entry_without_the_skip(layout, after)
+    return after
+
+
+def write_entry_without_the_skip(layout, route):
+    """route's stored entry rewritten without ZL_ROUTE_NO_COHORTS, as routes were stored
+    before that flag: the program looks the (empty) trie up. The route as written."""
+    with opened_map(layout, ROUTES_MAP) as fd:
+        key = encode_port(route.port)
+        stored = decode_route(bpf_syscall.map_lookup(fd, key, ROUTE_VALUE.size))
+        unskipped = stored.replace(cohortless=False)
+        bpf_syscall.map_update(fd, key, encode_route(unskipped), bpf_syscall.BPF_EXIST)
+    return route.replace(cohortless=False)
+
+
+def stored_skips_trie(layout, route):
+    """Whether route's stored entry has ZL_ROUTE_NO_COHORTS (read back)."""
+    return find_route(read_routes(layout), route).cohortless
 
 
 def stored_hash_mode(layout, route):
@@ -310,6 +354,7 @@ def _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine
         "layout": layout,
         "route_index": entry.route_index,
         "hash_mode": stored_hash_mode(layout, route),
+        "skips_trie": stored_skips_trie(layout, route),
         "timed": timed,
         "untimed": untimed,
     }
@@ -384,6 +429,7 @@ def cohort_test_runs(
                 "never_direct": len(variant["never_direct"]),
                 "holds_client": variant["holds_client"],
                 "hash_mode": router["hash_mode"],
+                "skips_trie": router["skips_trie"],
                 "batch_means_ns": untimed,
                 "timed_batch_means_ns": timed,
                 "median_batch_mean_ns": statistics.median(untimed),

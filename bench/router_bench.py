@@ -128,6 +128,12 @@ COHORT_TARGETS = {
 }
 
 
+DEFAULT_COHORTS = "0,%s,1,200,200in,%s" % (
+    decision_cost.TRIE_LOOKUP_VARIANT,
+    decision_cost.HASH_CLIENT_VARIANT,
+)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
@@ -147,13 +153,13 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--cohorts",
-        default="0,1,200,200in,%s" % decision_cost.HASH_CLIENT_VARIANT,
+        default=DEFAULT_COHORTS,
         help="cohort variants to compare, comma-separated: N = N prefixes none of which holds "
         "the client (alternately always_direct and never_direct), Nin = N always_direct prefixes "
         "one of which is the client's /32, %s = no cohorts, the route hashes by client "
-        "(hash: client); 0 (no cohorts, hash by connection) is always in "
-        "(default 0,1,200,200in,%s)"
-        % (decision_cost.HASH_CLIENT_VARIANT, decision_cost.HASH_CLIENT_VARIANT),
+        "(hash: client), %s = no cohorts, the empty trie looked up (a route entry without "
+        "ZL_ROUTE_NO_COHORTS); 0 (no cohorts, hash by connection) is always in (default %s)"
+        % (decision_cost.HASH_CLIENT_VARIANT, decision_cost.TRIE_LOOKUP_VARIANT, DEFAULT_COHORTS),
     )
     parser.add_argument(
         "--cohort-rounds",
@@ -956,6 +962,17 @@ def cohort_notes(report):
             "LRU hash lookup and no write, a known client's steady state, not a new client's "
             "insert." % ", ".join(hashed),
         ]
+    skipping = [
+        name for name, route in cohorts.get("routes", {}).items() if route.get("skips_trie")
+    ]
+    by_client += [
+        "",
+        "The trie skipped: a route whose lists are empty carries ZL_ROUTE_NO_COHORTS and the "
+        "program looks up neither the trie nor the cohort counters. Read back from the traffic "
+        "routes' stored entries, the flag is set on: %s; %s rewrites its entry without it, so "
+        "the empty trie is looked up as every route's was before the flag."
+        % (", ".join(skipping) or "none", decision_cost.TRIE_LOOKUP_VARIANT),
+    ]
     return [
         "**Client cohorts.** Variants: %s. The prefixes are /32s packed next to the client "
         "%s (127.0.0.2, .3, ...), so a client outside them walks as deep into the trie as it "
@@ -1218,6 +1235,7 @@ def bench(args, progress):
         cohort_routes = {
             name: {
                 "hash_mode": decision_cost.stored_hash_mode(target["layout"], ROUTE),
+                "skips_trie": decision_cost.stored_skips_trie(target["layout"], ROUTE),
                 "clients_noted": decision_cost.clients_noted(
                     target["layout"], target["route_index"]
                 ),

@@ -340,9 +340,6 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	weight_bp = bpf_map_lookup_elem(&zl_weights, &index);
 	if (!counters || !weight_bp || index >= ZL_MAX_ROUTES)
 		return SK_PASS;
-	cohort_counters = bpf_map_lookup_elem(&zl_cohort_ctrs, &index);
-	if (!cohort_counters)
-		return SK_PASS;
 	counters->lookups++;
 
 	/*
@@ -352,9 +349,12 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	 * hashes by client). Each is a function of the connection and the maps, as before.
 	 */
 	weight_word = *weight_bp;
-	cohort = zl_cohort(ctx, index);
+	/* A route without cohorts pays neither the trie nor the cohort counters. */
+	cohort = route->flags & ZL_ROUTE_NO_COHORTS ? 0 : zl_cohort(ctx, index);
 	if (cohort == ZL_COHORT_NEVER_DIRECT) {
-		cohort_counters->to_proxy_opt_out++;
+		cohort_counters = bpf_map_lookup_elem(&zl_cohort_ctrs, &index);
+		if (cohort_counters)
+			cohort_counters->to_proxy_opt_out++;
 		goto out;
 	}
 	opt_in = cohort == ZL_COHORT_ALWAYS_DIRECT && (weight_word & ZL_WEIGHT_OPT_IN);
@@ -386,8 +386,11 @@ int zerolayer_router(struct bpf_sk_lookup *ctx)
 	if (bpf_sk_assign(ctx, sk, 0) == 0) {
 		counters->to_engine++;
 		direct = 1;
-		if (opt_in)
-			cohort_counters->to_engine_opt_in++;
+		if (opt_in) {
+			cohort_counters = bpf_map_lookup_elem(&zl_cohort_ctrs, &index);
+			if (cohort_counters)
+				cohort_counters->to_engine_opt_in++;
+		}
 	} else
 		counters->assign_errors++;
 	bpf_sk_release(sk);

@@ -69,6 +69,16 @@ struct zl_route {
  * would not read it, and would hash by connection without a word).
  */
 #define ZL_ROUTE_HASH_CLIENT 0x00010000u
+/*
+ * The route has no entry in either cohort trie: the program skips the trie and looks up no
+ * cohort counter, so a route without cohorts decides as it did before them. Set by user space
+ * only while the route's lists are empty and the pinned program reads the flags word (a
+ * layout 1 program would read the bit as a weight); a route without the bit (written before
+ * it existed) is looked up as before, which is the safe side. User space turns the trie on
+ * (clears the bit) no later than the weight word that makes new entries apply, and off only
+ * with the write after which no entry applies.
+ */
+#define ZL_ROUTE_NO_COHORTS 0x00020000u
 
 /*
  * zl_sockets: BPF_MAP_TYPE_SOCKMAP, key __u32, value __u64 (the socket cookie

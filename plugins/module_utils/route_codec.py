@@ -45,6 +45,9 @@ HASH_BY_CONNECTION = "connection"
 HASH_BY_CLIENT = "client"
 HASH_MODES = (HASH_BY_CONNECTION, HASH_BY_CLIENT)
 ROUTE_HASH_CLIENT = 0x00010000
+# The route has no cohort entry: the program skips the trie (ZL_ROUTE_NO_COHORTS). Without the
+# bit the trie is looked up, as before the bit existed.
+ROUTE_NO_COHORTS = 0x00020000
 ROUTE_LEGACY_WEIGHT_MASK = 0x0000FFFF
 # zl_clients (layout 4): the addresses a hash-by-client route decided, least recently seen
 # ones making room.
@@ -194,9 +197,12 @@ class Route:
     opt_in: the weight word's opt-in bit (layout 3): the route's always_direct entries
     apply. hash_mode: HASH_BY_CONNECTION or HASH_BY_CLIENT (layout 4, the entry's flags).
     Each compared only when not the default, so routes of older layouts compare as before.
+    cohortless: the entry's ROUTE_NO_COHORTS bit, which the writer of the cohorts keeps
+    (the program skips the trie); a cache of the tries' contents, so never compared.
     """
 
     __slots__ = (
+        "cohortless",
         "generation",
         "hash_mode",
         "name",
@@ -217,8 +223,10 @@ class Route:
         slot_limit=0,
         opt_in=False,
         hash_mode=HASH_BY_CONNECTION,
+        cohortless=False,
     ):
         self.name = name
+        self.cohortless = bool(cohortless)
         self.hash_mode = hash_mode
         self.opt_in = bool(opt_in)
         self.port = port
@@ -279,6 +287,8 @@ def encode_route(route):
     (layout 1 reads it there; callers on later layouts give weight_bp 0) and the flags above
     them: a weight layout 1 left there is at most 10000 and can never read as a flag."""
     flags = ROUTE_HASH_CLIENT if route.hash_mode == HASH_BY_CLIENT else 0
+    if route.cohortless:
+        flags |= ROUTE_NO_COHORTS
     return ROUTE_VALUE.pack(
         route.name.encode("ascii"),
         route.port,
@@ -291,7 +301,8 @@ def encode_route(route):
 
 def decode_route(raw):
     """A zl_routes value as a Route: weight_bp is the flags word's low 16 bits (the weight on
-    layout 1, what layout 1 left there or 0 later), hash_mode its ROUTE_HASH_CLIENT bit."""
+    layout 1, what layout 1 left there or 0 later), hash_mode its ROUTE_HASH_CLIENT bit,
+    cohortless its ROUTE_NO_COHORTS bit."""
     name, port, word, generation, route_index, slot_limit = ROUTE_VALUE.unpack(
         raw[: ROUTE_VALUE.size]
     )
@@ -303,6 +314,7 @@ def decode_route(raw):
         route_index,
         slot_limit,
         hash_mode=HASH_BY_CLIENT if word & ROUTE_HASH_CLIENT else HASH_BY_CONNECTION,
+        cohortless=bool(word & ROUTE_NO_COHORTS),
     )
 
 

@@ -151,9 +151,10 @@ def read_cohort_entries(layout):
 def route_cohorts(route, entries):
     """{always_direct: [CIDR], never_direct: [CIDR]} of route as the program applies them:
     its always_direct entries only while its weight word has the opt-in bit (a rollback's
-    0 clears it; the entries left behind apply no more and the next writer removes them)."""
+    0 clears it; the entries left behind apply no more and the next writer removes them),
+    and none while its entry tells the program to skip the trie (cohortless)."""
     sets = {"always_direct": [], "never_direct": []}
-    if route is None:
+    if route is None or route.cohortless:
         return sets
     for route_index, network, value in entries:
         if route_index != route.route_index or value not in COHORT_SETS:
@@ -251,23 +252,34 @@ def fenced_writer(layout, what, epoch=None):
                 zero_weights(layout)
 
 
-def _write_route(layout, entry, new):
-    """Write a route's entry and weight: the weight first, so a new route starts at it.
+def _write_route(layout, entry, new, entry_first=False):
+    """Write a route's entry and weight: the weight first, so a new route starts at it,
+    unless entry_first (an existing route whose entry turns its cohort trie on: the trie
+    must apply before the weight word does, or an opt-out client could go direct at it).
 
-    The entry carries the route's flags (its hash) and generation: one atomic update."""
-    if has_map(layout, WEIGHTS_MAP):
+    The entry carries the route's flags (its hash, whether it has cohorts) and generation:
+    one atomic update."""
+    stored = entry
+
+    def write_weight():
         with opened_map(layout, WEIGHTS_MAP) as fd:
             bpf_syscall.map_update(
                 fd,
                 PORT_KEY.pack(entry.route_index),
                 encode_weight_word(entry.weight_bp, entry.opt_in),
             )
-        stored = entry.replace(weight_bp=0)  # the flags word's legacy weight bits stay 0
-    else:
-        stored = entry
-    with opened_map(layout, ROUTES_MAP) as fd:
-        flags = bpf_syscall.BPF_NOEXIST if new else bpf_syscall.BPF_EXIST
-        bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(stored), flags)
+
+    def write_entry():
+        with opened_map(layout, ROUTES_MAP) as fd:
+            flags = bpf_syscall.BPF_NOEXIST if new else bpf_syscall.BPF_EXIST
+            bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(stored), flags)
+
+    if not has_map(layout, WEIGHTS_MAP):
+        write_entry()
+        return
+    stored = entry.replace(weight_bp=0)  # the flags word's legacy weight bits stay 0
+    for write in (write_entry, write_weight) if entry_first else (write_weight, write_entry):
+        write()
 
 
 def find_route(routes, name):
@@ -515,6 +527,15 @@ def _require_program_with_client_hash(layout):
         )
 
 
+def _skips_cohorts(layout, before, cohorts):
+    """Whether the route's entry may tell the program to skip the cohort trie: no entry of
+    cohorts applies, and the pinned program reads the flags word (layout 1's read it as its
+    weight, so the bit is set only where a program of the cohorts runs, or none yet)."""
+    if cohorts["always_direct"] or cohorts["never_direct"]:
+        return False
+    return (before is not None and before.cohortless) or _program_uses(layout, COHORTS_V4_MAP)
+
+
 def _refuse_cohort_of_no_route(layout, routes, name, before, port, always, never):
     if before is None and port is None and (always is not None or never is not None):
         field = "always_direct" if always is not None else "never_direct"
@@ -594,6 +615,10 @@ def set_route(
                     opt_in=opt_in,
                     generation=base.generation + (1 if entry is None else 0),
                 )
+            if entry is not None:
+                entry = entry.replace(
+                    cohortless=_skips_cohorts(layout, before, cohorts_after),
+                )
         result = {
             "changed": entry is not None,
             "before": before,
@@ -635,19 +660,26 @@ def set_route(
                 # The order a reader sees: first the new entries (an added prefix, or one that
                 # moves between the lists, is one atomic trie update each; a new opt-in entry
                 # applies only once the opt-in bit is set, unless the route had it already),
-                # then the weight word (weight and opt-in bit in one write: the switch),
-                # then the stale entries go. A reader never finds a prefix of the new lists
-                # missing after the switch; until the deletes, a stale opt-out prefix keeps
-                # its clients on the proxy a moment longer (the safe side), and a stale
-                # opt-in one, where the bit stays set, sends its clients direct a moment
-                # longer, as before the write.
+                # then the weight word (weight and opt-in bit in one write: the switch) and
+                # the route entry (before the weight word where it turns the trie on, so a new
+                # opt-out prefix applies before a raised weight does), then the stale entries
+                # go. A reader never finds a prefix of the new lists missing after the switch;
+                # until the deletes, a stale opt-out prefix keeps its clients on the proxy a
+                # moment longer (the safe side; not when both lists end empty: the entry turns
+                # the trie off, as asked), and a stale opt-in one, where the bit stays set,
+                # sends its clients direct a moment longer, as before the write.
                 _write_cohort_entries(
                     layout,
                     entry.route_index,
                     cohorts_after["always_direct"],
                     cohorts_after["never_direct"],
                 )
-                _write_route(layout, entry, new=before is None)
+                _write_route(
+                    layout,
+                    entry,
+                    new=before is None,
+                    entry_first=before is not None and before.cohortless and not entry.cohortless,
+                )
                 keep = {
                     (entry.route_index, n)
                     for n in [*cohorts_after["always_direct"], *cohorts_after["never_direct"]]

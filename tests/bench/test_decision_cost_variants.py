@@ -34,7 +34,38 @@ def test_hashclient_is_a_route_without_cohorts_that_hashes_by_client():
         assert decision_cost.cohort_variant(name)["hash_mode"] == "connection"
 
 
-@pytest.mark.parametrize("text", ["hashclients", "hash", "client", "x", "1025", "0in", "-1"])
+def test_0lookup_is_a_route_without_cohorts_whose_trie_is_looked_up():
+    assert names("0lookup,0lookup,1") == ["0", "0lookup", "1"]
+    variant = decision_cost.cohort_variant("0lookup")
+    assert variant["prefixes"] == 0 and variant["looks_trie_up"] is True
+    assert variant["hash_mode"] == "connection"
+    for name in ("0", "1", "200in", "hashclient"):
+        assert not decision_cost.cohort_variant(name).get("looks_trie_up")
+
+
+def test_set_cohort_route_rewrites_only_0lookups_entry_without_the_skip(monkeypatch):
+    rewritten = []
+    monkeypatch.setattr(
+        decision_cost, "set_route", lambda layout, route, **options: {"after": route}
+    )
+    monkeypatch.setattr(
+        decision_cost,
+        "write_entry_without_the_skip",
+        lambda layout, route: rewritten.append(route) or "unskipped",
+    )
+    for name in ("0", "hashclient", "200"):
+        decision_cost.set_cohort_route(
+            "layout", "svc", 8080, 100, decision_cost.cohort_variant(name)
+        )
+    assert rewritten == []
+    variant = decision_cost.cohort_variant("0lookup")
+    assert decision_cost.set_cohort_route("layout", "svc", 8080, 100, variant) == "unskipped"
+    assert rewritten == ["svc"]
+
+
+@pytest.mark.parametrize(
+    "text", ["0lookups", "lookup", "hashclients", "hash", "client", "x", "1025", "0in", "-1"]
+)
 def test_unknown_variants_are_refused(text):
     with pytest.raises(ValueError):
         decision_cost.parse_cohort_variants(text)

@@ -153,7 +153,7 @@ def test_markdown_table_is_printed_and_written(quick_report):
 def test_cohort_variants_include_the_route_that_hashes_by_client(quick_report):
     cohorts = quick_report["report"]["cohorts"]
     names = [variant["name"] for variant in cohorts["variants"]]
-    assert names == ["0", "1", "200", "200in", "hashclient"]
+    assert names == ["0", "0lookup", "1", "200", "200in", "hashclient"]
     variants = cohorts["summary"]["variants"]
     test_rows = {row["variant"]: row for row in cohorts["test_runs"]["rows"]}
     for name in names:
@@ -162,6 +162,10 @@ def test_cohort_variants_include_the_route_that_hashes_by_client(quick_report):
         wanted = "client" if hashed else "connection"
         assert variants[name]["route"]["hash_mode"] == wanted, variants[name]["route"]
         assert test_rows[name]["hash_mode"] == wanted, test_rows[name]
+        # Only the routes without cohorts skip the trie, 0lookup's entry rewritten without it.
+        skips = name in ("0", "hashclient")
+        assert variants[name]["route"]["skips_trie"] is skips, variants[name]["route"]
+        assert test_rows[name]["skips_trie"] is skips, test_rows[name]
         # Only the route that hashes by client notes its one client (127.0.0.1, direct).
         noted = {"to_engine": 1, "to_proxy": 0} if hashed else {"to_engine": 0, "to_proxy": 0}
         assert variants[name]["route"]["clients_noted"] == noted

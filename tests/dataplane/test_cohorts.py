@@ -32,6 +32,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_cohort_counters,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    ROUTES_MAP,
     WEIGHTS_MAP,
     ensure_pin_dirs,
     map_names_of_layout,
@@ -137,6 +138,70 @@ def test_opt_in_goes_direct_at_0_opt_out_stays_on_the_proxy_at_100(routed, netns
     with open(routed.direct_drain_file) as handle:
         marker = json.load(handle)
     assert marker["ports"][str(SERVICE_PORT)]["reason"] == "cohorts of route 'svc'", marker
+
+
+def stored_entry(layout, name="svc"):
+    (entry,) = [e for e in routes.read_route_entries(layout) if e.name == name]
+    return entry
+
+
+def test_a_route_without_cohorts_has_the_program_skip_the_trie(routed, netns):
+    set_route(routed, "svc", weight=100)
+    assert stored_entry(routed).cohortless  # no list has an entry: ZL_ROUTE_NO_COHORTS
+    # An opt-out entry written behind the route's back is not looked up while the bit says
+    # the route has none: the program skipped the trie (and counted no cohort).
+    network = routes.parse_cohort([OTHER + "/32"], "never_direct")
+    routes._write_cohort_entries(routed, stored_entry(routed).route_index, [], network)
+    assert served_from(netns, OTHER) == {"engine": COUNT}
+    assert read_cohort_counters(routed, 0)["to_proxy_opt_out"] == 0
+
+    # The route module's write turns the trie on with the entry, and the opt-out applies.
+    set_route(routed, "svc", never_direct=[OTHER + "/32"])
+    assert not stored_entry(routed).cohortless
+    assert served_from(netns, OTHER) == {"proxy": COUNT}
+    assert read_cohort_counters(routed, 0)["to_proxy_opt_out"] == COUNT
+
+    # Emptied lists turn it off again, and their entries are gone.
+    set_route(routed, "svc", never_direct=[])
+    assert stored_entry(routed).cohortless
+    assert routes.read_cohort_entries(routed) == []
+    assert served_from(netns, OTHER) == {"engine": COUNT}
+
+
+def test_a_route_entry_without_the_bit_looks_the_trie_up_as_before(routed, netns):
+    # A route written before ZL_ROUTE_NO_COHORTS existed carries no bit: its entries apply.
+    set_route(routed, "svc", weight=100, never_direct=[OTHER + "/32"])
+    entry = stored_entry(routed)
+    assert not entry.cohortless
+    assert served_from(netns, OTHER) == {"proxy": COUNT}
+    # A weight write keeps the trie on while a list has an entry.
+    set_route(routed, "svc", weight=50)
+    assert not stored_entry(routed).cohortless
+    assert served_from(netns, OTHER) == {"proxy": COUNT}
+
+
+def test_the_trie_applies_before_the_weight_word_that_needs_it(routed, monkeypatch):
+    """An opt-out cohort added with a weight raise: the entry turning the trie on is
+    written before the weight word, so no opt-out client takes the new weight's path."""
+    assert stored_entry(routed).cohortless
+    writes = []
+    real_opened_map = routes.opened_map
+
+    def recording_opened_map(layout, name, read_only=False):
+        if not read_only:
+            writes.append(name)
+        return real_opened_map(layout, name, read_only=read_only)
+
+    monkeypatch.setattr(routes, "opened_map", recording_opened_map)
+    set_route(routed, "svc", weight=100, never_direct=[OPT_OUT + "/32"])
+    order = [name for name in writes if name in (ROUTES_MAP, WEIGHTS_MAP)]
+    assert order == [ROUTES_MAP, WEIGHTS_MAP], writes
+    # Turning it off goes the other way: the weight word first, then the entry.
+    writes.clear()
+    set_route(routed, "svc", weight=0, never_direct=[])
+    order = [name for name in writes if name in (ROUTES_MAP, WEIGHTS_MAP)]
+    assert order == [WEIGHTS_MAP, ROUTES_MAP], writes
+    assert stored_entry(routed).cohortless
 
 
 def test_opt_in_without_a_live_engine_socket_goes_to_the_proxy(layout, netns, router_object, proxy):

@@ -102,10 +102,10 @@ def test_a_weight_written_just_after_a_rollback_is_zeroed_as_its_writer_leaves(r
     raised the fence and wrote its zeros, then the writer's weight landed."""
     write_route = routes._write_route
 
-    def rollback_between_admit_and_write(layout, entry, new):
+    def rollback_between_admit_and_write(layout, entry, new, **order):
         raise_fence(layout.fence_file, None, "fast rollback")
         routes.zero_weights(layout)
-        write_route(layout, entry, new)  # the stale 100 % lands after the zeros...
+        write_route(layout, entry, new, **order)  # the stale 100 % lands after the zeros...
 
     monkeypatch.setattr(routes, "_write_route", rollback_between_admit_and_write)
     routes.set_route(routed, "chat", weight=100)

@@ -23,9 +23,10 @@ int main(void)
     printf("%zu %zu %zu %d %d %d\n", sizeof(struct zl_config),
            offsetof(struct zl_config, seed_weight), offsetof(struct zl_config, seed_slot),
            ZL_LAYOUT_VERSION, ZL_TAKES_IPV4, ZL_TAKES_IPV6);
-    printf("%zu %zu %zu %zu %u %d\n", sizeof(struct zl_client_key),
+    printf("%zu %zu %zu %zu %u %d %u\n", sizeof(struct zl_client_key),
            offsetof(struct zl_client_key, addr), sizeof(struct zl_client_seen),
-           offsetof(struct zl_client_seen, direct), ZL_ROUTE_HASH_CLIENT, ZL_MAX_CLIENTS);
+           offsetof(struct zl_client_seen, direct), ZL_ROUTE_HASH_CLIENT, ZL_MAX_CLIENTS,
+           ZL_ROUTE_NO_COHORTS);
     return 0;
 }
 """
@@ -74,5 +75,6 @@ def test_header_layout_matches_the_codec(tmp_path):
         4,
         route_codec.ROUTE_HASH_CLIENT,
         route_codec.MAX_CLIENTS,
+        route_codec.ROUTE_NO_COHORTS,
     ]
     assert os.path.basename(BPF_DIR) == "bpf"

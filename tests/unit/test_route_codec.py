@@ -10,6 +10,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     HASH_BY_CONNECTION,
     MAX_SLOTS,
     ROUTE_HASH_CLIENT,
+    ROUTE_NO_COHORTS,
     ROUTE_VALUE,
     WEIGHT_OPT_IN,
     Route,
@@ -171,3 +172,16 @@ def test_client_keys_hold_the_route_the_family_and_the_address():
 def test_weight_word_carries_the_opt_in_bit():
     assert weight_word(2500) == 2500
     assert weight_word(0, opt_in=True) == WEIGHT_OPT_IN
+
+
+def test_the_no_cohorts_flag_is_its_own_bit_kept_through_decode_and_never_compared():
+    skipping = Route("chat", 8080, 0, 3, 1, hash_mode=HASH_BY_CLIENT, cohortless=True)
+    raw = encode_route(skipping)
+    word = int.from_bytes(raw[36:40], "little")
+    assert word == ROUTE_HASH_CLIENT | ROUTE_NO_COHORTS and ROUTE_NO_COHORTS == 1 << 17
+    decoded = decode_route(raw)
+    assert decoded.cohortless and decoded.hash_mode == HASH_BY_CLIENT and decoded.weight_bp == 0
+    assert decoded.replace(generation=4).cohortless  # a rewrite keeps the bit
+    # A cache of the tries' contents, not a property of the route: never compared.
+    assert decoded == skipping.replace(cohortless=False)
+    assert not decode_route(encode_route(Route("chat", 8080, 0, 3, 1))).cohortless
