@@ -3,7 +3,7 @@
 # model_engine): called as `python -c SCRIPT REPO REVISION LOCAL_DIR`, it runs no Python and
 # reaches no hub. It records who ran it with which settings (the token file's path and whether
 # it could read it, never its content) beside LOCAL_DIR and writes a tiny model directory
-# into LOCAL_DIR. tests/unit/test_model_engine_weights.py runs it too.
+# into LOCAL_DIR. tests/unit/roles/model_engine/test_model_engine_weights.py runs it too.
 set -eu
 repo=$3
 revision=$4

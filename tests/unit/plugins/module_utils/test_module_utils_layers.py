@@ -1,0 +1,185 @@
+"""The layers of plugins/module_utils and what each may import, read from the sources (ast).
+
+A layer is a package of module_utils (common/, ...). A module in a layer imports the
+standard library, its own layer and what MAY_IMPORT allows it, nothing else: no module of
+another layer, no module still at the top of module_utils, nothing installed (the nodes
+run module_utils with Python alone). The files at the top belong to no layer yet and are
+not held to a rule, except that the time helpers that left gates.py are imported from
+common.clock.
+"""
+
+import ast
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[4]
+MODULE_UTILS = REPO / "plugins" / "module_utils"
+PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
+
+# layer -> what its modules may import besides the standard library and their own layer:
+# other layers by name, or "ansible" (ansible.module_utils, which Ansible ships with a
+# module; never on a node).
+MAY_IMPORT = {
+    "common": (),
+}
+# Helpers that moved out of gates.py into common: imported from their new home only.
+MOVED_FROM_GATES = {
+    "common.clock": ("utc_now", "format_timestamp", "parse_timestamp", "seconds_between"),
+    "common.numbers": ("parse_number",),
+}
+
+
+def layer_dirs():
+    return sorted(path for path in MODULE_UTILS.iterdir() if (path / "__init__.py").exists())
+
+
+def layer_modules():
+    return sorted(path for layer in layer_dirs() for path in layer.rglob("*.py"))
+
+
+def imported_modules(source):
+    """(line, module name, level) of every import in source, function-local ones too.
+    `from PACKAGE import a, b` imports the modules a and b of module_utils."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, 0) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+            found.extend((node.lineno, PACKAGE + "." + alias.name, 0) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, node.module or "", node.level))
+    return sorted(found)
+
+
+def kind_of(module, level, layers):
+    """What an imported module is: "stdlib", a layer's name, "top" (a module at the top of
+    module_utils, in no layer yet), "ansible", "relative" or "other" (installed)."""
+    if level:
+        # The node artifact follows absolute imports only.
+        return "relative"
+    if module == PACKAGE:
+        return "top"
+    if module.startswith(PACKAGE + "."):
+        first = module[len(PACKAGE) + 1 :].split(".")[0]
+        return first if first in layers else "top"
+    top = module.split(".")[0]
+    if top in sys.stdlib_module_names:
+        return "stdlib"
+    return "ansible" if top in ("ansible", "ansible_collections") else "other"
+
+
+def import_violations(source, layer, layers=None):
+    """["line N: imports M (kind)", ...] for each import of source that a module of `layer`
+    may not make under `layers` (MAY_IMPORT unless given)."""
+    layers = MAY_IMPORT if layers is None else layers
+    allowed = {"stdlib", layer, *layers[layer]}
+    violations = []
+    for line, module, level in imported_modules(source):
+        kind = kind_of(module, level, layers)
+        if kind not in allowed:
+            violations.append("line %d: imports %s%s (%s)" % (line, "." * level, module, kind))
+    return violations
+
+
+def gates_imports_of_moved_helpers(source):
+    """["line N: NAME from gates (now in common.X)", ...]."""
+    moved = {name: home for home, names in MOVED_FROM_GATES.items() for name in names}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE + ".gates":
+            for alias in node.names:
+                if alias.name in moved:
+                    found.append(
+                        "line %d: %s from gates (now in %s)"
+                        % (node.lineno, alias.name, moved[alias.name])
+                    )
+    return found
+
+
+def test_every_layer_has_a_rule_and_every_rule_a_layer():
+    assert [path.name for path in layer_dirs()] == sorted(MAY_IMPORT)
+    for allowed in MAY_IMPORT.values():
+        assert set(allowed) <= set(MAY_IMPORT) | {"ansible"}
+
+
+def test_no_layer_is_a_folder_without_its_init_file():
+    """A folder of module_utils without __init__.py would be a layer nobody checks (and the
+    node artifact would not find its modules)."""
+    folders = [p for p in MODULE_UTILS.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert [p.name for p in folders if not (p / "__init__.py").exists()] == []
+
+
+@pytest.mark.parametrize(
+    "path", layer_modules(), ids=lambda path: str(path.relative_to(MODULE_UTILS))
+)
+def test_a_layer_imports_only_what_its_rule_allows(path):
+    layer = path.relative_to(MODULE_UTILS).parts[0]
+    assert import_violations(path.read_text(), layer) == []
+
+
+def test_a_bad_import_is_reported():
+    """The check above can fail: each kind of import common may not make is named."""
+    source = (
+        "from __future__ import annotations\n"
+        "import os\n"
+        "from %(p)s.common import errors\n"
+        "from %(p)s.common.clock import utc_now\n"
+        "from %(p)s import rollout\n"
+        "from %(p)s.gates import Gate\n"
+        "import yaml\n"
+        "def later():\n"
+        "    from ansible.module_utils.urls import open_url\n"
+        "from . import locks\n"
+    ) % {"p": PACKAGE}
+    assert import_violations(source, "common") == [
+        "line 5: imports %s.rollout (top)" % PACKAGE,
+        "line 6: imports %s.gates (top)" % PACKAGE,
+        "line 7: imports yaml (other)",
+        "line 9: imports ansible.module_utils.urls (ansible)",
+        "line 10: imports . (relative)",
+    ]
+    # A later layer is one line of MAY_IMPORT: what it lists, it may import.
+    layers = {**MAY_IMPORT, "telemetry": ("common", "ansible")}
+    assert import_violations(source, "telemetry", layers) == [
+        "line 5: imports %s.rollout (top)" % PACKAGE,
+        "line 6: imports %s.gates (top)" % PACKAGE,
+        "line 7: imports yaml (other)",
+        "line 10: imports . (relative)",
+    ]
+
+
+def python_files_outside_common():
+    roots = [REPO / name for name in ("plugins", "tests", "bench", "scripts", "roles", "cli")]
+    common = MODULE_UTILS / "common"
+    return sorted(
+        path
+        for root in roots
+        for path in root.rglob("*.py")
+        if common not in path.parents and "output" not in path.relative_to(REPO).parts
+    )
+
+
+def test_no_module_imports_a_moved_helper_from_gates():
+    found = {}
+    for path in python_files_outside_common():
+        moved = gates_imports_of_moved_helpers(path.read_text())
+        if moved:
+            found[str(path.relative_to(REPO))] = moved
+    assert found == {}
+
+
+def test_an_import_of_a_moved_helper_from_gates_is_reported():
+    source = "from %s.gates import Gate, parse_timestamp, parse_number\n" % PACKAGE
+    assert gates_imports_of_moved_helpers(source) == [
+        "line 1: parse_timestamp from gates (now in common.clock)",
+        "line 1: parse_number from gates (now in common.numbers)",
+    ]
+
+
+def test_gates_no_longer_defines_the_moved_helpers():
+    tree = ast.parse((MODULE_UTILS / "gates.py").read_text())
+    defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    moved = {name for names in MOVED_FROM_GATES.values() for name in names}
+    assert defined & moved == set()
