@@ -63,7 +63,7 @@ PUSH_PLAYBOOK = os.path.join(REPO, "playbooks", "rollback_push.yml")
 # rollout_settings' defaults, which rollback.yml reads: rollback_ack_wait_s,
 # rollback_deep_ack_wait_s, rollback_ack_quiet_s, rollback_fast_budget_s,
 # rollback_deep_budget_s, rollback_push_shard_nodes, rollback_push_timeout_s
-# (tests/unit/test_rollback_command_defaults.py keeps the two equal).
+# (tests/unit/plugins/module_utils/test_rollback_command.py keeps the two equal).
 ACK_WAIT_S = {"fast": 2.0, "deep": 10.0}
 ACK_QUIET_S = 0.5
 BUDGET_S = {"fast": 30, "deep": 300}

@@ -3,5 +3,6 @@
 """The bottom layer of module_utils: errors, time, files replaced whole and file locks.
 
 Its modules import the standard library and one another only, so every other layer,
-the nodes' included, can import them (tests/unit/test_module_utils_layers.py checks it).
+the nodes' included, can import them
+(tests/unit/plugins/module_utils/test_module_utils_layers.py checks it).
 """
