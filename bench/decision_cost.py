@@ -47,6 +47,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
     HASH_BY_CLIENT,
     HASH_BY_CONNECTION,
+    MAX_CLIENTS,
     MAX_COHORT_ENTRIES,
     ROUTE_VALUE,
     decode_route,
@@ -66,6 +67,11 @@ TEST_RUN_SAMPLES = 7
 # Cohort variants: this many batches per variant, taken in turns, of this many runs each.
 COHORT_BATCHES = 1000
 COHORT_BATCH_RUNS = 1000
+# New clients of a hash-by-client route: pairs (a new address, the known one) per phase.
+NEW_CLIENT_PAIRS = 10000
+NEW_CLIENT_PREFIX = "new-clients-"
+# The new clients' addresses count up from here (one per decision, never the client's own).
+NEW_CLIENT_FIRST = "10.0.0.0"
 # The bench's client: wrk connects from it, and the test runs' made-up connection too.
 CLIENT_ADDRESS = "127.0.0.1"
 # The variant whose route hashes by client (route option hash: client), no cohorts.
@@ -334,10 +340,13 @@ def nearest_rank(values, quantile):
     return ordered[max(0, math.ceil(quantile * len(ordered)) - 1)]
 
 
-def _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine, variant):
+def _cohort_router(
+    stack, bpffs, workdir, object_path, route, local_port, engine, variant, prefix="cohorts-"
+):
     """The router of one variant, loaded on maps of its own (not attached), route at weight
-    100 with the variant's cohorts, the engine socket in slot 0; with its two connections."""
-    name = "cohorts-" + variant["name"]
+    100 with the variant's cohorts, the engine socket in slot 0; with its two connections.
+    Its pins are under bpffs/<prefix><variant>."""
+    name = prefix + variant["name"]
     layout = PinLayout(
         os.path.join(bpffs, name), fence_file=os.path.join(workdir, name + "-fence.json")
     )
@@ -458,4 +467,85 @@ def cohort_test_runs(
         "client": CLIENT_ADDRESS,
         "run_time_stats_held_by_another": any(stats_held.values()),
         "rows": rows,
+    }
+
+
+# New clients of a route that hashes by client
+
+
+def with_remote_address(ctx, address):
+    """ctx (a struct bpf_sk_lookup of IPv4) with its remote address replaced."""
+    changed = bytearray(ctx)
+    struct.pack_into("=I", changed, 16, struct.unpack("=I", socket.inet_aton(address))[0])
+    return bytes(changed)
+
+
+def _pair_figures(new, known):
+    return {
+        "new_median_ns": statistics.median(new),
+        "known_median_ns": statistics.median(known),
+        "insert_ns": statistics.median(n - k for n, k in zip(new, known)),
+        "new_p99_ns": nearest_rank(new, 0.99),
+        "known_p99_ns": nearest_rank(known, 0.99),
+    }
+
+
+def new_client_costs(stack, bpffs, workdir, object_path, route, local_port, pairs=None):
+    """What a decision costs a hash-by-client route for a client it has never seen (the
+    zl_clients insert) against one it knows (one lookup, no write), by BPF_PROG_TEST_RUN.
+
+    One run per call, in pairs: a new address (10.0.0.0 counting up), then the known client
+    127.0.0.1; the kernel's duration of one run includes its own timer's overhead, the same
+    for both, so the median of the pairs' differences is the insert. Two phases: with the
+    table below its bound, then once the new addresses have filled it (MAX_CLIENTS), where
+    each insert evicts the least recently seen address. One new address in 16 falls in the
+    timed sample (its tuple hash), the known one never: the medians do not see it.
+    """
+    pairs = NEW_CLIENT_PAIRS if pairs is None else pairs
+    engine = stack.enter_context(socket.socket())
+    engine.bind((CLIENT_ADDRESS, 0))
+    engine.listen()
+    router = _cohort_router(
+        stack,
+        bpffs,
+        workdir,
+        object_path,
+        route,
+        local_port,
+        engine,
+        cohort_variant(HASH_CLIENT_VARIANT),
+        prefix=NEW_CLIENT_PREFIX,
+    )
+    known = router["untimed"]
+    first = int(ipaddress.ip_address(NEW_CLIENT_FIRST))
+    made = 0
+
+    def new_ctx():
+        nonlocal made
+        made += 1
+        return with_remote_address(known, str(ipaddress.ip_address(first + made - 1)))
+
+    phases = {}
+    with opened(router["layout"].prog) as fd:
+        bpf_syscall.prog_test_run(fd, known)  # the known client is noted once, here
+        for phase, fill_to in (("below_bound", 0), ("at_bound", MAX_CLIENTS)):
+            while made < fill_to:
+                bpf_syscall.prog_test_run(fd, new_ctx())
+            new, same = [], []
+            for _pair in range(pairs):
+                new.append(bpf_syscall.prog_test_run(fd, new_ctx())[2])
+                same.append(bpf_syscall.prog_test_run(fd, known)[2])
+            phases[phase] = {
+                **_pair_figures(new, same),
+                "addresses_before": made - pairs,
+                "noted_after": clients_noted(router["layout"], router["route_index"]),
+            }
+    return {
+        "pairs": pairs,
+        "bound": MAX_CLIENTS,
+        "first_address": NEW_CLIENT_FIRST,
+        "known_client": CLIENT_ADDRESS,
+        "hash_mode": router["hash_mode"],
+        "pin_dir": router["layout"].pin_dir,
+        "phases": phases,
     }

@@ -128,6 +128,8 @@ COHORT_TARGETS = {
 }
 
 
+# --quick: pairs of new and known clients per phase (the harness, not a figure).
+QUICK_NEW_CLIENT_PAIRS = 200
 DEFAULT_COHORTS = "0,%s,1,200,200in,%s" % (
     decision_cost.TRIE_LOOKUP_VARIANT,
     decision_cost.HASH_CLIENT_VARIANT,
@@ -1128,6 +1130,50 @@ def cohort_target_table(report):
     return lines
 
 
+def new_client_table(new_clients):
+    """What a hash-by-client route's decision costs a client it has never seen."""
+    lines = [
+        "**New clients of a route that hashes by client** (BPF_PROG_TEST_RUN, one run per "
+        "call, %d pairs per phase: a new address counting up from %s, then the known client "
+        "%s; the insert is the median of the pairs' differences; zl_clients holds %d "
+        "addresses, least recently seen ones making room):"
+        % (
+            new_clients["pairs"],
+            new_clients["first_address"],
+            new_clients["known_client"],
+            new_clients["bound"],
+        ),
+        table_row(
+            [
+                "zl_clients",
+                "Addresses before",
+                "New client, median",
+                "Known client, median",
+                "Insert (paired)",
+                "New client, p99",
+                "Noted after (direct / proxy)",
+            ]
+        ),
+        table_row(["---", "---:", "---:", "---:", "---:", "---:", "---:"]),
+    ]
+    titles = {"below_bound": "below its bound", "at_bound": "full (each insert evicts)"}
+    for phase, figures in new_clients["phases"].items():
+        lines.append(
+            table_row(
+                [
+                    titles.get(phase, phase),
+                    "{:,}".format(figures["addresses_before"]),
+                    format_ns(figures["new_median_ns"]),
+                    format_ns(figures["known_median_ns"]),
+                    "%+.0f ns" % figures["insert_ns"],
+                    format_ns(figures["new_p99_ns"]),
+                    format_clients(figures["noted_after"]),
+                ]
+            )
+        )
+    return lines
+
+
 def markdown(report):
     summary = report["summary"]
     blocks = [
@@ -1147,6 +1193,8 @@ def markdown(report):
             cohort_traffic_table(report),
             cohort_target_table(report),
         ]
+        if report["cohorts"].get("new_clients"):
+            blocks.append(new_client_table(report["cohorts"]["new_clients"]))
     return "\n\n".join("\n".join(block) for block in blocks) + "\n"
 
 
@@ -1268,6 +1316,19 @@ def bench(args, progress):
         report["lab"]["pin_dirs"] += [
             os.path.join(bpffs, "cohorts-" + variant["name"]) for variant in args.cohort_variants
         ]
+        if decision_cost.HASH_CLIENT_VARIANT in [v["name"] for v in args.cohort_variants]:
+            progress("new clients of a route that hashes by client: BPF_PROG_TEST_RUN")
+            new_clients = decision_cost.new_client_costs(
+                stack,
+                bpffs,
+                workdir,
+                objects["router"],
+                ROUTE,
+                lab.SERVICE_PORT,
+                pairs=QUICK_NEW_CLIENT_PAIRS if args.quick else None,
+            )
+            report["cohorts"]["new_clients"] = new_clients
+            report["lab"]["pin_dirs"].append(new_clients["pin_dir"])
     report["host"]["loadavg_after"] = lab.loadavg()
     report["summary"] = summarise(report["runs"], report["side_by_side"])
     report["cohorts"]["summary"] = summarise_cohorts(report["cohorts"])

@@ -186,6 +186,21 @@ def test_cohort_variants_include_the_route_that_hashes_by_client(quick_report):
     assert "| hashclient | client |" in quick_report["markdown"]
 
 
+def test_new_clients_of_a_route_that_hashes_by_client_are_measured_and_noted(quick_report):
+    new_clients = quick_report["report"]["cohorts"]["new_clients"]
+    assert new_clients["hash_mode"] == "client" and new_clients["pairs"] == 200
+    below, full = new_clients["phases"]["below_bound"], new_clients["phases"]["at_bound"]
+    # Below the bound every new address is noted, direct (weight 100), beside the known one.
+    assert below["addresses_before"] == 0
+    assert below["noted_after"] == {"to_engine": 201, "to_proxy": 0}
+    # Filled: the table holds at most its bound, the least recently seen ones evicted.
+    assert full["addresses_before"] == new_clients["bound"] == 65536
+    assert 0 < full["noted_after"]["to_engine"] <= new_clients["bound"]
+    for figures in (below, full):
+        assert figures["new_median_ns"] > 0 and figures["known_median_ns"] > 0
+    assert "**New clients of a route that hashes by client**" in quick_report["markdown"]
+
+
 def test_nothing_is_left_behind(quick_report):
     lab = quick_report["report"]["lab"]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
