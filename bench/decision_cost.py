@@ -230,6 +230,19 @@ def parse_cohort_variants(text):
     return [cohort_variant(name) for name in ["0", *names]]
 
 
+def _variant_without_cohorts(name, title, hash_mode=HASH_BY_CONNECTION, **extra):
+    return {
+        "name": name,
+        "prefixes": 0,
+        "holds_client": False,
+        "always_direct": [],
+        "never_direct": [],
+        "hash_mode": hash_mode,
+        "title": title,
+        **extra,
+    }
+
+
 def cohort_variant(name):
     """{name, prefixes, holds_client, always_direct, never_direct, hash_mode, title} of
     variant name.
@@ -241,26 +254,15 @@ def cohort_variant(name):
     trie looked up all the same (looks_trie_up).
     """
     if name == TRIE_LOOKUP_VARIANT:
-        return {
-            "name": name,
-            "prefixes": 0,
-            "holds_client": False,
-            "always_direct": [],
-            "never_direct": [],
-            "hash_mode": HASH_BY_CONNECTION,
-            "looks_trie_up": True,
-            "title": "none, the empty trie looked up (an entry without ZL_ROUTE_NO_COHORTS)",
-        }
+        return _variant_without_cohorts(
+            name,
+            "none, the empty trie looked up (an entry without ZL_ROUTE_NO_COHORTS)",
+            looks_trie_up=True,
+        )
     if name == HASH_CLIENT_VARIANT:
-        return {
-            "name": name,
-            "prefixes": 0,
-            "holds_client": False,
-            "always_direct": [],
-            "never_direct": [],
-            "hash_mode": HASH_BY_CLIENT,
-            "title": "none, the route hashes by client (hash: client)",
-        }
+        return _variant_without_cohorts(
+            name, "none, the route hashes by client (hash: client)", hash_mode=HASH_BY_CLIENT
+        )
     holds_client = name.endswith("in")
     prefixes = int(name[:-2] if holds_client else name)
     first = ipaddress.ip_address(CLIENT_ADDRESS) + (0 if holds_client else 1)

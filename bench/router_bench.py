@@ -1297,17 +1297,14 @@ def bench(args, progress):
         progress(
             "cohorts: BPF_PROG_TEST_RUN, %d batches of %d runs" % (args.batches, args.batch_runs)
         )
+        # Where the test-run routers live and what they route: the same for each measurement.
+        test_run_routers = (stack, bpffs, workdir, objects["router"], ROUTE, lab.SERVICE_PORT)
         report["cohorts"] = {
             "variants": args.cohort_variants,
             "runs": cohort_runs,
             "routes": cohort_routes,
             "test_runs": decision_cost.cohort_test_runs(
-                stack,
-                bpffs,
-                workdir,
-                objects["router"],
-                ROUTE,
-                lab.SERVICE_PORT,
+                *test_run_routers,
                 args.cohort_variants,
                 args.batches,
                 args.batch_runs,
@@ -1319,12 +1316,7 @@ def bench(args, progress):
         if decision_cost.HASH_CLIENT_VARIANT in [v["name"] for v in args.cohort_variants]:
             progress("new clients of a route that hashes by client: BPF_PROG_TEST_RUN")
             new_clients = decision_cost.new_client_costs(
-                stack,
-                bpffs,
-                workdir,
-                objects["router"],
-                ROUTE,
-                lab.SERVICE_PORT,
+                *test_run_routers,
                 pairs=QUICK_NEW_CLIENT_PAIRS if args.quick else None,
             )
             report["cohorts"]["new_clients"] = new_clients
