@@ -22,7 +22,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    DURATION_ALLOWED,
     format_timestamp,
+    parse_duration,
     parse_timestamp,
     seconds_between,
 )
@@ -67,10 +69,6 @@ DEFAULT_SCHEDULE = (
     {"weight": 100, "hold": 0},
 )
 STAGE_KEYS = ("weight", "hold", "cohort")
-DURATION_PATTERN = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?$")
-DURATION_ALLOWED = (
-    "whole seconds >= 0 (7200) or a string such as 2h, 30m, 90s or 1h30m (units d, h, m, s)"
-)
 RECORD_KEYS = (
     "format",
     "rollout_id",
@@ -86,28 +84,6 @@ ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 # ---------------------------------------------------------------- inputs
-
-
-def parse_duration(value, field):
-    """Whole seconds from an int or a string like "2h", "30m", "90s", "1h30m", "120"."""
-    if isinstance(value, bool):
-        raise FleetError(
-            "%s must be %s; got %r" % (field, DURATION_ALLOWED, value), {"field": field}
-        )
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, int):
-        if value < 0:
-            raise FleetError(
-                "%s must be %s; got %r" % (field, DURATION_ALLOWED, value), {"field": field}
-            )
-        return value
-    if isinstance(value, str):
-        match = DURATION_PATTERN.match(value.strip())
-        if match and value.strip() and any(part is not None for part in match.groups()):
-            days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-            return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    raise FleetError("%s must be %s; got %r" % (field, DURATION_ALLOWED, value), {"field": field})
 
 
 def validate_rollout_id(value, field="rollout_id"):

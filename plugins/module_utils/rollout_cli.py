@@ -42,7 +42,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     node_artifact,
     notify,
     rollback_command,
-    rollout,
     rollout_events,
     rollout_ops,
     rollout_timeline,
@@ -51,6 +50,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
+    parse_duration,
     parse_timestamp,
     utc_now,
 )
@@ -507,7 +507,7 @@ def parse_since(value, now=None):
     text = (value or "").strip()
     if text and not text.isdigit():
         try:
-            return now - datetime.timedelta(seconds=rollout.parse_duration(text, "since"))
+            return now - datetime.timedelta(seconds=parse_duration(text, "since"))
         except FleetError:
             pass  # not a duration: perhaps a moment
     try:

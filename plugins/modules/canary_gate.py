@@ -412,6 +412,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
+    parse_duration,
     parse_timestamp,
     utc_now,
 )
@@ -437,7 +438,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api imp
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     default_actor,
-    parse_duration,
     read_json_file,
     write_json_atomic,
 )

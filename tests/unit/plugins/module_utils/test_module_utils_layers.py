@@ -4,8 +4,8 @@ A layer is a package of module_utils (common/, ...). A module in a layer imports
 standard library, its own layer and what MAY_IMPORT allows it, nothing else: no module of
 another layer, no module still at the top of module_utils, nothing installed (the nodes
 run module_utils with Python alone). The files at the top belong to no layer yet and are
-not held to a rule, except that the time helpers that left gates.py are imported from
-common.clock.
+not held to a rule, except that a helper that moved into a layer is used from there only
+(MOVED): not imported from the module it left, nor read as an attribute of it.
 """
 
 import ast
@@ -24,11 +24,17 @@ PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
 MAY_IMPORT = {
     "common": (),
 }
-# Helpers that moved out of gates.py into common: imported from their new home only.
-MOVED_FROM_GATES = {
-    "common.clock": ("utc_now", "format_timestamp", "parse_timestamp", "seconds_between"),
-    "common.numbers": ("parse_number",),
+# Helpers that moved into a layer, by the module they left: used from their new home only.
+MOVED = {
+    "gates": {
+        "common.clock": ("utc_now", "format_timestamp", "parse_timestamp", "seconds_between"),
+        "common.numbers": ("parse_number",),
+    },
+    "rollout": {
+        "common.clock": ("parse_duration",),
+    },
 }
+MOVED_FROM_GATES = MOVED["gates"]
 
 
 def layer_dirs():
@@ -83,19 +89,53 @@ def import_violations(source, layer, layers=None):
     return violations
 
 
-def gates_imports_of_moved_helpers(source):
-    """["line N: NAME from gates (now in common.X)", ...]."""
-    moved = {name: home for home, names in MOVED_FROM_GATES.items() for name in names}
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE + ".gates":
+def moved_helper_uses(source, moved_table=None):
+    """["line N: NAME from OLD (now in HOME)", "line N: OLD.NAME (now in HOME)", ...]: each
+    import of a moved helper from the module it left, and each read of it as an attribute of
+    that module (`from PACKAGE import OLD [as x]` or `import PACKAGE.OLD as x`, then x.NAME),
+    under moved_table (MOVED unless given)."""
+    moved_table = MOVED if moved_table is None else moved_table
+    moved = {
+        (old, name): home
+        for old, homes in moved_table.items()
+        for home, names in homes.items()
+        for name in names
+    }
+    tree = ast.parse(source)
+    bound = {}  # a name this source gives a module that helpers left -> that module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
             for alias in node.names:
-                if alias.name in moved:
+                if alias.name in moved_table:
+                    bound[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                old = alias.name[len(PACKAGE) + 1 :] if alias.name.startswith(PACKAGE + ".") else ""
+                if alias.asname and old in moved_table:
+                    bound[alias.asname] = old
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE + "."):
+            old = node.module[len(PACKAGE) + 1 :]
+            for alias in node.names:
+                if (old, alias.name) in moved:
                     found.append(
-                        "line %d: %s from gates (now in %s)"
-                        % (node.lineno, alias.name, moved[alias.name])
+                        (
+                            node.lineno,
+                            "%s from %s (now in %s)" % (alias.name, old, moved[(old, alias.name)]),
+                        )
                     )
-    return found
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (bound.get(node.value.id), node.attr) in moved
+        ):
+            old = bound[node.value.id]
+            found.append(
+                (node.lineno, "%s.%s (now in %s)" % (old, node.attr, moved[(old, node.attr)]))
+            )
+    # By line; on one line, in the order of the source's names.
+    return ["line %d: %s" % entry for entry in sorted(found, key=lambda entry: entry[0])]
 
 
 def test_every_layer_has_a_rule_and_every_rule_a_layer():
@@ -151,7 +191,9 @@ def test_a_bad_import_is_reported():
 
 
 def python_files_outside_common():
-    roots = [REPO / name for name in ("plugins", "tests", "bench", "scripts", "roles", "cli")]
+    roots = [
+        REPO / name for name in ("plugins", "tests", "bench", "scripts", "roles", "cli", "molecule")
+    ]
     common = MODULE_UTILS / "common"
     return sorted(
         path
@@ -161,10 +203,10 @@ def python_files_outside_common():
     )
 
 
-def test_no_module_imports_a_moved_helper_from_gates():
+def test_no_module_uses_a_moved_helper_from_the_module_it_left():
     found = {}
     for path in python_files_outside_common():
-        moved = gates_imports_of_moved_helpers(path.read_text())
+        moved = moved_helper_uses(path.read_text())
         if moved:
             found[str(path.relative_to(REPO))] = moved
     assert found == {}
@@ -172,9 +214,28 @@ def test_no_module_imports_a_moved_helper_from_gates():
 
 def test_an_import_of_a_moved_helper_from_gates_is_reported():
     source = "from %s.gates import Gate, parse_timestamp, parse_number\n" % PACKAGE
-    assert gates_imports_of_moved_helpers(source) == [
+    assert moved_helper_uses(source) == [
         "line 1: parse_timestamp from gates (now in common.clock)",
         "line 1: parse_number from gates (now in common.numbers)",
+    ]
+
+
+def test_a_moved_helper_read_from_the_module_it_left_is_reported():
+    source = (
+        "from %(p)s import rollout, gates as g\n"
+        "import %(p)s.rollout as old_rollout\n"
+        "from %(p)s.rollout import plan, parse_duration\n"
+        "rollout.plan(None)\n"
+        "rollout.parse_duration('2h', 'hold')\n"
+        "old_rollout.parse_duration('2h', 'hold')\n"
+        "g.utc_now()\n"
+        "g.evaluate_gates()\n"
+    ) % {"p": PACKAGE}
+    assert moved_helper_uses(source) == [
+        "line 3: parse_duration from rollout (now in common.clock)",
+        "line 5: rollout.parse_duration (now in common.clock)",
+        "line 6: rollout.parse_duration (now in common.clock)",
+        "line 7: gates.utc_now (now in common.clock)",
     ]
 
 
@@ -183,3 +244,14 @@ def test_gates_no_longer_defines_the_moved_helpers():
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     moved = {name for names in MOVED_FROM_GATES.values() for name in names}
     assert defined & moved == set()
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_module_no_longer_defines_what_left_it_and_its_new_home_does(old):
+    def defined(relative):
+        tree = ast.parse((MODULE_UTILS / relative).read_text())
+        return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+    for home, names in MOVED[old].items():
+        assert defined(old.replace(".", "/") + ".py") & set(names) == set()
+        assert set(names) <= defined(home.replace(".", "/") + ".py")

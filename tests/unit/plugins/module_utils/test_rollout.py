@@ -6,6 +6,7 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import parse_duration
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 
@@ -54,13 +55,13 @@ def holding(seconds=100):
     ],
 )
 def test_durations(value, seconds):
-    assert r.parse_duration(value, "hold") == seconds
+    assert parse_duration(value, "hold") == seconds
 
 
 @pytest.mark.parametrize("value", [-1, "-5m", "2x", "", "h", "1.5h", True, None, 1.5, [60]])
 def test_bad_durations_name_the_field_and_forms(value):
     with pytest.raises(FleetError) as caught:
-        r.parse_duration(value, "schedule[0].hold")
+        parse_duration(value, "schedule[0].hold")
     assert caught.value.details["field"] == "schedule[0].hold"
     assert "2h, 30m, 90s" in caught.value.message
 
