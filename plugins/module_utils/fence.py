@@ -48,7 +48,9 @@ REREAD_ACTION = "re-read from the rollout store (no fence file on this node)"
 
 
 class FenceRefused(FleetError):
-    """A write with an epoch older than the node's fence."""
+    """The fence refused: a write whose epoch is older than the node's fence (or above any
+    the store ever had), or a fence record of the store the node's watcher will not act on
+    (no epoch, an unknown action, an epoch below one it already acknowledged)."""
 
 
 def _validate_epoch(epoch, field="epoch"):

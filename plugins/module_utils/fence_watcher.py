@@ -37,7 +37,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence, read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+    FenceRefused,
+    raise_fence,
+    read_fence,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned
 from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import in_netns
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
@@ -73,10 +77,6 @@ LIVE_KEYS = ("node_epoch", "attached", "mode", "weights_bp")
 PRESENCE_TTL_S = 6
 PRESENCE_RENEW_S = 2.0
 PRESENCE_STALL_S = 30.0
-
-
-class FenceRefused(FleetError):
-    """A fence record the watcher will not act on (no epoch, an unknown action)."""
 
 
 def plan(fence, node_epoch, last_ack_epoch):

@@ -4,8 +4,8 @@ import socket
 import subprocess
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import FenceRefused
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
-    FenceRefused,
     config_routes,
     confirmed,
     plan,

@@ -4,8 +4,9 @@ A layer is a package of module_utils (common/, ...). A module in a layer imports
 standard library, its own layer and what MAY_IMPORT allows it, nothing else: no module of
 another layer, no module still at the top of module_utils, nothing installed (the nodes
 run module_utils with Python alone). The files at the top belong to no layer yet and are
-not held to a rule, except that a helper that moved into a layer is used from there only
-(MOVED): not imported from the module it left, nor read as an attribute of it.
+not held to a rule, except that a helper that moved (into a layer, or down to a module
+that both its users import) is used from there only (MOVED): not imported from the module
+it left, nor read as an attribute of it.
 """
 
 import ast
@@ -24,7 +25,8 @@ PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
 MAY_IMPORT = {
     "common": (),
 }
-# Helpers that moved into a layer, by the module they left: used from their new home only.
+# Helpers (functions, classes) that moved, by the module they left: used from their new home
+# only.
 MOVED = {
     "gates": {
         "common.clock": ("utc_now", "format_timestamp", "parse_timestamp", "seconds_between"),
@@ -32,6 +34,10 @@ MOVED = {
     },
     "rollout": {
         "common.clock": ("parse_duration",),
+    },
+    # The watcher's refusals and the weight writers' are one class, the fence's.
+    "fence_watcher": {
+        "fence": ("FenceRefused",),
     },
 }
 MOVED_FROM_GATES = MOVED["gates"]
@@ -250,7 +256,8 @@ def test_gates_no_longer_defines_the_moved_helpers():
 def test_a_module_no_longer_defines_what_left_it_and_its_new_home_does(old):
     def defined(relative):
         tree = ast.parse((MODULE_UTILS / relative).read_text())
-        return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        kinds = (ast.FunctionDef, ast.ClassDef)
+        return {node.name for node in tree.body if isinstance(node, kinds)}
 
     for home, names in MOVED[old].items():
         assert defined(old.replace(".", "/") + ".py") & set(names) == set()
