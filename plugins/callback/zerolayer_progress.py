@@ -79,17 +79,19 @@ EXAMPLES = r"""
 import time  # noqa: E402
 
 from ansible.plugins.callback import CallbackBase  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts import (  # noqa: E402
+    format_cohort,
+    schedule_cohort,
+    stage_cohort,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (  # noqa: E402
-    format_cohort,
     format_opt_in,
     format_seconds,
     format_stage_weight,
     format_weight,
     render_table,
     rollout_rows,
-    schedule_cohort,
-    stage_cohort,
     unix,
     wave_of,
 )

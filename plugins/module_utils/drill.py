@@ -32,12 +32,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import parse_timestamp
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts import (
+    format_prefixes,
+    stage_cohort,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
-    format_prefixes,
     render_table,
     rollout_rows,
-    stage_cohort,
     wave_of,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.traffic_split import split_verdict

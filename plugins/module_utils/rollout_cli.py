@@ -54,6 +54,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     parse_timestamp,
     utc_now,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts import (
+    format_cohort,
+    stage_cohort,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     FleetError,
     UsageError,
@@ -332,12 +336,12 @@ def _cohort_lines(row):
             % (
                 row["stage_number"],
                 row["stage_count"],
-                stage_table.format_cohort(cohort, listed=True),
+                format_cohort(cohort, listed=True),
                 row["weight"],
             )
         )
     schedule = row.get("schedule") or []
-    if any(stage_table.stage_cohort(planned) for planned in schedule):
+    if any(stage_cohort(planned) for planned in schedule):
         lines.append("schedule: %s" % stage_table.format_schedule(schedule))
     return lines
 

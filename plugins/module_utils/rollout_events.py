@@ -29,11 +29,11 @@ import json
 import os
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts import (
     format_cohort,
     schedule_cohort,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 FLEET = "_fleet"
 

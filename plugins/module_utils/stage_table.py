@@ -18,6 +18,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     format_timestamp,
     parse_timestamp,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts import (
+    format_cohort,
+    stage_cohort,
+)
 
 # What a gate evaluation's marker says: its verdict, or "no_data" when it held only because
 # no gate had any series (telemetry absent, as opposed to too few samples or an error).
@@ -28,8 +32,6 @@ PAUSE_ENDS = ("resume", "promote", "promote_full", "abort", "rolled_back", "comp
 # the run carries on with the same stage and writes its weight again.)
 STAGE_STOPS = ("abort", "rolled_back", "promote_full")
 COLUMNS = ("WAVE", "STAGE", "WEIGHT", "SPLIT", "RANGE", "VERDICTS", "TIME", "END")
-# A cohort's prefixes named in full up to this many; the rest counted ("+2 more").
-COHORT_PREFIXES_SHOWN = 3
 
 
 def unix(value, field):
@@ -62,40 +64,6 @@ def format_weight(value):
         return "-"
     number = float(value)
     return ("%d%%" % number) if number.is_integer() else ("%s%%" % number)
-
-
-def stage_cohort(planned):
-    """The source CIDRs of a schedule stage's cohort; [] for a stage by weight, and for the
-    stages of a record from before cohort stages (no "cohort" key)."""
-    if not isinstance(planned, dict):
-        return []
-    return [str(prefix) for prefix in planned.get("cohort") or []]
-
-
-def schedule_cohort(schedule, index):
-    """stage_cohort of schedule[index]; [] where the index is not the schedule's."""
-    schedule = schedule or []
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(schedule):
-        return []
-    return stage_cohort(schedule[index])
-
-
-def format_prefixes(prefixes, shown=COHORT_PREFIXES_SHOWN):
-    """'10.1.0.0/16, 192.0.2.7/32', or the first `shown` of them and '+N more'."""
-    prefixes = list(prefixes or [])
-    text = ", ".join(prefixes[:shown])
-    if len(prefixes) > shown:
-        text += " +%d more" % (len(prefixes) - shown)
-    return text
-
-
-def format_cohort(prefixes, listed=False):
-    """'cohort (2 prefixes)', with listed 'cohort (2 prefixes: 10.1.0.0/16, 192.0.2.7/32)'."""
-    count = len(prefixes or [])
-    text = "%d %s" % (count, "prefix" if count == 1 else "prefixes")
-    if listed and count:
-        text += ": " + format_prefixes(prefixes)
-    return "cohort (%s)" % text
 
 
 def format_stage_weight(weight, cohort=None):

@@ -35,6 +35,10 @@ MOVED = {
     "rollout": {
         "common.clock": ("parse_duration",),
     },
+    # What a stage's cohort is and how people read it: the events need it too.
+    "stage_table": {
+        "common.cohorts": ("stage_cohort", "schedule_cohort", "format_prefixes", "format_cohort"),
+    },
     # The watcher's refusals and the weight writers' are one class, the fence's.
     "fence_watcher": {
         "fence": ("FenceRefused",),

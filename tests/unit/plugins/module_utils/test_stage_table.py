@@ -4,6 +4,7 @@ with the rollout module's own actions, the split merged in, and the text it rend
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import stage_table as t
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import cohorts as c
 
 from unit.helpers.rollout_steps import ME, act, at, unix
 
@@ -302,11 +303,11 @@ def test_a_record_from_before_cohort_stages_has_rows_without_a_cohort():
 
 
 def test_cohort_formats():
-    assert t.format_cohort(["192.0.2.7/32"]) == "cohort (1 prefix)"
-    assert t.format_cohort(COHORT) == "cohort (2 prefixes)"
-    assert t.format_cohort(COHORT, listed=True) == "cohort (2 prefixes: %s)" % ", ".join(COHORT)
+    assert c.format_cohort(["192.0.2.7/32"]) == "cohort (1 prefix)"
+    assert c.format_cohort(COHORT) == "cohort (2 prefixes)"
+    assert c.format_cohort(COHORT, listed=True) == "cohort (2 prefixes: %s)" % ", ".join(COHORT)
     many = ["10.%d.0.0/16" % n for n in range(5)]
-    assert t.format_cohort(many, listed=True) == (
+    assert c.format_cohort(many, listed=True) == (
         "cohort (5 prefixes: 10.0.0.0/16, 10.1.0.0/16, 10.2.0.0/16 +2 more)"
     )
     assert t.format_stage_weight(0, COHORT) == "cohort (2 prefixes)"
@@ -315,7 +316,7 @@ def test_cohort_formats():
     holds = [t.format_hold(s) for s in (0, 90, 1800, 5400, 86400)]
     assert holds == ["", "1m30s", "30m", "1h30m", "1d"]
     assert t.format_schedule(COHORT_SCHEDULE) == "cohort (2 prefixes) 30m, 1% 1h, 100%"
-    assert t.schedule_cohort(COHORT_SCHEDULE, 0) == COHORT
-    assert t.schedule_cohort(COHORT_SCHEDULE, 1) == t.schedule_cohort(COHORT_SCHEDULE, 7) == []
+    assert c.schedule_cohort(COHORT_SCHEDULE, 0) == COHORT
+    assert c.schedule_cohort(COHORT_SCHEDULE, 1) == c.schedule_cohort(COHORT_SCHEDULE, 7) == []
     old = r.validate_schedule(SCHEDULE)
-    assert [t.stage_cohort(stage) for stage in old] == [[], [], []]
+    assert [c.stage_cohort(stage) for stage in old] == [[], [], []]
