@@ -103,12 +103,6 @@ sys.path.insert(0, str(REPO / ".collections"))
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (  # noqa: E402
     FleetError,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (  # noqa: E402
-    EtcdClient,
-    KeyValue,
-    StoreUnavailable,
-    prefix_end,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (  # noqa: E402
     IDLE_RECHECK_S,
     PRESENCE_RENEW_S,
@@ -128,15 +122,21 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (  # n
     ensure_pin_dirs,
     missing_pins,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (  # noqa: E402
-    RolloutStore,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (  # noqa: E402
     MAP_SPECS,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (  # noqa: E402
     read_routes,
     set_route,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (  # noqa: E402
+    EtcdClient,
+    KeyValue,
+    StoreUnavailable,
+    prefix_end,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (  # noqa: E402
+    RolloutStore,
 )
 
 PREFIX = "/zlb-fanout/"

@@ -36,7 +36,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     FenceRefused,
     raise_fence,
@@ -47,6 +46,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets impor
 from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
     detached_without_maps,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 
 DEFAULT_STATUS_FILE = "/run/zerolayer/fence-watcher.json"
 # The store's fence actions (rollout_store.FENCE_ACTIONS) and what each one does here.
@@ -647,7 +647,7 @@ def node_store(path, timeout=None):
     rollout_store role's node_client writes it: endpoints, ca, cert, key, user,
     password_file, prefix, node). The watcher and a writer checking its epoch (fence.py)
     both reach the store through it, with the same credentials."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
         store_from_params,
     )
 

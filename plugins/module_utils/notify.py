@@ -35,14 +35,14 @@ import threading
 import time
 import urllib.request
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     utc_now,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.heartbeat import run_detached
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 
 FORMATS = ("json", "slack")
 SINK_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -34,7 +34,6 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     notify,
     push_shards,
-    rollout_events,
     rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
@@ -53,7 +52,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core
     fence_call,
     wait_acks,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_failure,
     store_from_params,
 )

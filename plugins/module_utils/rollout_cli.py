@@ -18,7 +18,7 @@
   zerolayer completion [bash]
   zerolayer --version
 
-The store is found as store_settings.py says (--store-config, $ZEROLAYER_STORE_CONFIG, the
+The store is found as store/store_settings.py says (--store-config, $ZEROLAYER_STORE_CONFIG, the
 per-user file the store's play writes, the inventory); options go anywhere on the line.
 
 Exit status: 0 done; 2 bad input (unknown rollout or wave, a bad option: the message names
@@ -42,11 +42,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     node_artifact,
     notify,
     rollback_command,
-    rollout_events,
     rollout_ops,
     rollout_timeline,
     stage_table,
-    store_settings,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
@@ -65,8 +63,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (
     process_started_at,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (
+    rollout_events,
+    store_settings,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    store_from_params,
+)
 
 EXIT_OK, EXIT_OTHER, EXIT_BAD_INPUT, EXIT_UNREACHABLE, EXIT_REFUSED, EXIT_PUSH_FAILED = range(6)
 OUTCOME_EXIT = {"bad_input": EXIT_BAD_INPUT, "refused": EXIT_REFUSED}

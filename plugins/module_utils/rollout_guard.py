@@ -15,8 +15,8 @@ have lost the scope to a second runner, and must not learn that only at its next
 from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import OwnerLost
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import OwnerLost
 
 # Decisions that end the runner's hold without a gate evaluation and stop it there.
 STOPS = ("paused", "stopped", "fenced", "moved", "owner_lost")

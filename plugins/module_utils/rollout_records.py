@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_from_params
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    store_from_params,
+)
 
 RECORD_KEY_PATTERN = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}/[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"

@@ -16,7 +16,7 @@ zerolayer-store-exporter, run on each member of the store by the rollout_store r
                 once (a `stuck` event in the store) and, where its record asks and this
                 exporter may, aborted
   EventsPrune   every hour, the events older than the retention deleted
-                (events_retention.py), so the store does not grow to its quota
+                (store/events_retention.py), so the store does not grow to its quota
 
 A key the exporter does not understand (a record of another format, an owner that is not
 JSON) is counted in zerolayer_rollout_store_unreadable_keys and left out; the other waves
@@ -39,10 +39,8 @@ import sys
 import threading
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    events_retention,
     exposition,
     rollout,
-    rollout_events,
     rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
@@ -54,7 +52,13 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     validate_record_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import read_presence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (
+    events_retention,
+    rollout_events,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    read_presence,
+)
 
 DEFAULT_PORT = 9465
 DEFAULT_ADDRESS = exposition.DEFAULT_ADDRESS
@@ -556,7 +560,7 @@ class EventsPrune(threading.Thread):
 def store_from_config(path, timeout=None):
     """The rollout store as a store.json names it (the nodes' layout: endpoints, ca, cert,
     key, user, password_file, prefix; timeout optional)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
         store_from_params,
     )
 

@@ -405,11 +405,7 @@ history_reset:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    notify,
-    rollout_events,
-    rollout_guard,
-)
+from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout_guard
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_duration,
@@ -421,7 +417,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
     evaluate_gates,
@@ -445,7 +440,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records im
     FileRecords,
     StoreRecords,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_from_params,
     store_options,
 )

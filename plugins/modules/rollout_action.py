@@ -86,8 +86,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_from_params,
     store_options,
 )

@@ -160,7 +160,7 @@ notifications:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout, rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     utc_now,
@@ -169,7 +169,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_failure,
     store_from_params,
     store_options,

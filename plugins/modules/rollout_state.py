@@ -386,7 +386,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import store_options
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    store_options,
+)
 
 
 def _progress(params):

@@ -14,10 +14,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import router_life
 from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    RolloutStore,
+)
 from waiting import wait_until as _wait_until
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, maps_bytes

@@ -8,7 +8,6 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
     REREAD_ACTION,
     raise_fence,
@@ -19,8 +18,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     WriterLockTimeout,
     writer_lock,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
 from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    RolloutStore,
+)
 
 from .conftest import SERVICE_PORT, file_bytes, maps_bytes, ok, routectl
 

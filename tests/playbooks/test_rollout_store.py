@@ -390,7 +390,7 @@ def test_a_runner_that_lost_its_lease_writes_no_further_weight(
     # What etcd does when the lease's TTL runs out: the lease and the owner key go.
     revoke = (
         "import json, sys\n"
-        "from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import "
         "store_from_params\n"
         "store = store_from_params(json.load(open(sys.argv[1])))\n"
         "lease = store.owner('gpu_nodes')['lease']\n"

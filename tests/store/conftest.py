@@ -12,10 +12,10 @@ COLLECTIONS_PATH = os.path.abspath(
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (  # noqa: E402
     EtcdClient,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (  # noqa: E402
     RolloutStore,
 )
 

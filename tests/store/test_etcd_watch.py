@@ -5,7 +5,7 @@ the oldest revision kept), and a watch from a fresh read's revision sees the nex
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,
     _b64,
@@ -42,7 +42,7 @@ def test_a_watch_from_a_compacted_revision_ends_at_once_and_a_fresh_one_sees_the
 def test_a_watch_cancelled_for_another_reason_is_an_error_not_an_idle_store():
     """A denied permission must not read as "read again at once" (a tight loop): the
     watcher reports it and retries later."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import _cancelled
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import _cancelled
 
     denied = _cancelled(KEY, 7, {"canceled": True, "cancel_reason": "permission denied"}, [])
     assert not isinstance(denied, StoreUnavailable)

@@ -5,13 +5,13 @@ they take."""
 import datetime
 import json
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    events_retention,
-    rollout,
-    rollout_events,
-)
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (
+    events_retention,
+    rollout_events,
 )
 
 # Whole seconds: the events carry their time to the second, and one is exactly 30 days old.

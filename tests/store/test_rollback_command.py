@@ -15,10 +15,8 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    rollback_command,
-    rollout_events,
-)
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollback_command
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
 from waiting import wait_until
 
 from .conftest import COLLECTIONS_PATH

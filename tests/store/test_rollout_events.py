@@ -11,11 +11,11 @@ import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events as ev
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events as ev
 
 from .adhoc import run_module
 

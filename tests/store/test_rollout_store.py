@@ -13,11 +13,11 @@ import time
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     OwnerConflict,
     OwnerLost,
     runner_identity,

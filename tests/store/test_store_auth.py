@@ -17,16 +17,20 @@ import jinja2
 import pytest
 import yaml
 from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    events_retention,
     fence_watcher,
     notify,
-    rollout_events,
     store_exporter,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import format_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (
+    events_retention,
+    rollout_events,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    RolloutStore,
+)
 
 from .etcd_member import running_etcd
 from .test_store_exporter import stuck_wave

@@ -18,14 +18,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     fence_watcher,
     notify,
     rollout,
-    rollout_events,
     store_exporter,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     RolloutStore,
     runner_identity,
 )

@@ -13,12 +13,14 @@ import time
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
     ARGUMENT_SPEC,
     fence_call,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import RolloutStore
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
+    RolloutStore,
+)
 
 from .adhoc import run_module
 from .etcd_member import etcd_cluster, running_etcd

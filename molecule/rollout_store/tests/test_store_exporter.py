@@ -39,7 +39,7 @@ import datetime, json, sys
 sys.path.insert(0, %r)
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import StoreRecords
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_store import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     runner_identity, store_from_params)
 
 settings, action = json.loads(sys.argv[1]), sys.argv[2]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The layers of plugins/module_utils and what each may import, read from the sources (ast).
 
-A layer is a package of module_utils (common/, ...). A module in a layer imports the
+A layer is a package of module_utils (common/, store/, ...). A module in a layer imports the
 standard library, its own layer and what MAY_IMPORT allows it, nothing else: no module of
 another layer, no module still at the top of module_utils, nothing installed (the nodes
 run module_utils with Python alone). The files at the top belong to no layer yet and are
@@ -24,6 +24,7 @@ PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
 # module; never on a node).
 MAY_IMPORT = {
     "common": (),
+    "store": ("common",),
 }
 # Helpers (functions, classes) that moved, by the module they left: used from their new home
 # only.
@@ -197,6 +198,27 @@ def test_a_bad_import_is_reported():
         "line 6: imports %s.gates (top)" % PACKAGE,
         "line 7: imports yaml (other)",
         "line 10: imports . (relative)",
+    ]
+
+
+def test_the_store_may_import_common_and_nothing_above_it():
+    source = (
+        "from %(p)s.common.errors import FleetError\n"
+        "from %(p)s.store import etcd_v3\n"
+        "from %(p)s.store.rollout_store import RolloutStore\n"
+        "from %(p)s import rollout\n"
+        "from %(p)s.stage_table import format_weight\n"
+    ) % {"p": PACKAGE}
+    assert import_violations(source, "store") == [
+        "line 4: imports %s.rollout (top)" % PACKAGE,
+        "line 5: imports %s.stage_table (top)" % PACKAGE,
+    ]
+    # common, below it, may not import the store.
+    assert import_violations(source, "common") == [
+        "line 2: imports %s.store (store)" % PACKAGE,
+        "line 3: imports %s.store.rollout_store (store)" % PACKAGE,
+        "line 4: imports %s.rollout (top)" % PACKAGE,
+        "line 5: imports %s.stage_table (top)" % PACKAGE,
     ]
 
 

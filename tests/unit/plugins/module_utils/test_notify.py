@@ -6,8 +6,8 @@ import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import notify
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events as ev
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events as ev
 
 AT = "2026-12-01T12:00:00Z"
 

@@ -4,8 +4,8 @@ import datetime
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_events as ev
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events as ev
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 ME = "sre@controller"

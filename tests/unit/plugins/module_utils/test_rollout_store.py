@@ -8,8 +8,8 @@ Prometheus'."""
 import pathlib
 
 import yaml
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_store
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import DEFAULT_TIMEOUT_S
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_store
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import DEFAULT_TIMEOUT_S
 
 REPO = pathlib.Path(__file__).resolve().parents[4]
 STORE_GROUP = "group/zerolayer.fleet.store"

@@ -1,4 +1,4 @@
-"""Where `zerolayer` finds its rollout store (module_utils/store_settings.py) and its options
+"""Where `zerolayer` finds its rollout store (module_utils/store/store_settings.py) and its options
 anywhere on the line (rollout_cli.parse_args). The inventory source runs the real `ansible`
 against a throw-away inventory; nothing here reaches a store."""
 
@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli, store_settings
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import store_settings
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 PLAYBOOKS = os.path.join(REPO, "playbooks")

@@ -25,7 +25,7 @@ import socket
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.etcd_v3 import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,
 )
