@@ -95,6 +95,21 @@ def host_state_files() -> set:
     return found
 
 
+# The fixtures that start a real etcd member (tests/store/conftest.py, tests/dataplane's).
+ETCD_FIXTURES = {"etcd_member", "etcd"}
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that starts etcd says so with the `etcd` marker, whichever folder it is in:
+    through a fixture, or by starting members of its own (tests/store/etcd_member.py; every
+    test of a module that imports running_etcd or etcd_cluster is marked)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        starts_its_own = any(hasattr(module, name) for name in ("running_etcd", "etcd_cluster"))
+        if ETCD_FIXTURES & set(getattr(item, "fixturenames", ())) or starts_its_own:
+            item.add_marker(pytest.mark.etcd)
+
+
 def pytest_sessionstart(session):
     session.config.stash[HOST_STATE_BEFORE] = host_state_files()
 
