@@ -97,13 +97,19 @@ def host_state_files() -> set:
 
 # The fixtures that start a real etcd member (tests/store/conftest.py, tests/dataplane's).
 ETCD_FIXTURES = {"etcd_member", "etcd"}
+# What these need is root (the kernel's BPF, network namespaces, podman's containers).
+ROOT_MARKERS = ("dataplane", "sandbox", "molecule")
 
 
 def pytest_collection_modifyitems(items):
     """Every test that starts etcd says so with the `etcd` marker, whichever folder it is in:
     through a fixture, or by starting members of its own (tests/store/etcd_member.py; every
-    test of a module that imports running_etcd or etcd_cluster is marked)."""
+    test of a module that imports running_etcd or etcd_cluster is marked). Every test marked
+    dataplane, sandbox or molecule is marked root too (tests/dataplane's hook runs first,
+    and -m selects after both)."""
     for item in items:
+        if any(item.get_closest_marker(name) for name in ROOT_MARKERS):
+            item.add_marker(pytest.mark.root)
         module = getattr(item, "module", None)
         starts_its_own = any(hasattr(module, name) for name in ("running_etcd", "etcd_cluster"))
         if ETCD_FIXTURES & set(getattr(item, "fixturenames", ())) or starts_its_own:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# The role's tasks run commands as the engine's account (runuser), as root does on a node.
+pytestmark = pytest.mark.root
+
 REPO = Path(__file__).resolve().parents[4]
 DOWNLOAD_DOUBLE = REPO / "molecule" / "model_engine" / "doubles" / "hf-download-double.sh"
 TOKEN = "hf_unitTestThrowawayToken0042"  # noqa: S105 - a throwaway token of this test
