@@ -129,10 +129,15 @@ def program_stats(pin):
     return {"run_cnt": info["run_cnt"], "run_time_ns": info["run_time_ns"]}
 
 
+def _ipv4_field(address):
+    """An IPv4 address as struct bpf_sk_lookup holds it (network order, read natively)."""
+    return struct.unpack("=I", socket.inet_aton(address))[0]
+
+
 def loopback_ctx(remote_port, local_port):
     """struct bpf_sk_lookup of a TCP connection 127.0.0.1:remote_port -> 127.0.0.1:local_port."""
     ctx = bytearray(72)
-    address = struct.unpack("=I", socket.inet_aton("127.0.0.1"))[0]
+    address = _ipv4_field(CLIENT_ADDRESS)
     struct.pack_into("=II", ctx, 8, socket.AF_INET, socket.IPPROTO_TCP)
     struct.pack_into("=I", ctx, 16, address)
     struct.pack_into("!H", ctx, 36, remote_port)
@@ -318,14 +323,11 @@ def write_entry_without_the_skip(layout, route):
     return route.replace(cohortless=False)
 
 
-def stored_skips_trie(layout, route):
-    """Whether route's stored entry has ZL_ROUTE_NO_COHORTS (read back)."""
-    return find_route(read_routes(layout), route).cohortless
-
-
-def stored_hash_mode(layout, route):
-    """The hash mode of route as its stored entry's flags word says (read back)."""
-    return find_route(read_routes(layout), route).hash_mode
+def stored_flags(layout, route):
+    """{hash_mode, skips_trie} of route as its stored entry's flags word says (read back
+    once): ZL_ROUTE_HASH_CLIENT and ZL_ROUTE_NO_COHORTS."""
+    stored = find_route(read_routes(layout), route)
+    return {"hash_mode": stored.hash_mode, "skips_trie": stored.cohortless}
 
 
 def clients_noted(layout, route_index):
@@ -340,6 +342,14 @@ def nearest_rank(values, quantile):
     """The quantile of values by nearest rank (one of the values, no interpolation)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(quantile * len(ordered)) - 1)]
+
+
+def _engine_socket(stack):
+    """A listening socket of this process on the client's address: the routers' engine."""
+    engine = stack.enter_context(socket.socket())
+    engine.bind((CLIENT_ADDRESS, 0))
+    engine.listen()
+    return engine
 
 
 def _cohort_router(
@@ -364,8 +374,7 @@ def _cohort_router(
         "variant": variant,
         "layout": layout,
         "route_index": entry.route_index,
-        "hash_mode": stored_hash_mode(layout, route),
-        "skips_trie": stored_skips_trie(layout, route),
+        **stored_flags(layout, route),
         "timed": timed,
         "untimed": untimed,
     }
@@ -392,9 +401,7 @@ def cohort_test_runs(
     """
     batches = COHORT_BATCHES if batches is None else batches
     runs = COHORT_BATCH_RUNS if runs is None else runs
-    engine = stack.enter_context(socket.socket())
-    engine.bind((CLIENT_ADDRESS, 0))
-    engine.listen()
+    engine = _engine_socket(stack)
     routers = [
         _cohort_router(stack, bpffs, workdir, object_path, route, local_port, engine, variant)
         for variant in variants
@@ -478,7 +485,7 @@ def cohort_test_runs(
 def with_remote_address(ctx, address):
     """ctx (a struct bpf_sk_lookup of IPv4) with its remote address replaced."""
     changed = bytearray(ctx)
-    struct.pack_into("=I", changed, 16, struct.unpack("=I", socket.inet_aton(address))[0])
+    struct.pack_into("=I", changed, 16, _ipv4_field(address))
     return bytes(changed)
 
 
@@ -504,9 +511,7 @@ def new_client_costs(stack, bpffs, workdir, object_path, route, local_port, pair
     timed sample (its tuple hash), the known one never: the medians do not see it.
     """
     pairs = NEW_CLIENT_PAIRS if pairs is None else pairs
-    engine = stack.enter_context(socket.socket())
-    engine.bind((CLIENT_ADDRESS, 0))
-    engine.listen()
+    engine = _engine_socket(stack)
     router = _cohort_router(
         stack,
         bpffs,

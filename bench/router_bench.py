@@ -1282,8 +1282,7 @@ def bench(args, progress):
         # the client addresses the router noted in zl_clients (hash by client only).
         cohort_routes = {
             name: {
-                "hash_mode": decision_cost.stored_hash_mode(target["layout"], ROUTE),
-                "skips_trie": decision_cost.stored_skips_trie(target["layout"], ROUTE),
+                **decision_cost.stored_flags(target["layout"], ROUTE),
                 "clients_noted": decision_cost.clients_noted(
                     target["layout"], target["route_index"]
                 ),

@@ -259,7 +259,11 @@ def _write_route(layout, entry, new, entry_first=False):
 
     The entry carries the route's flags (its hash, whether it has cohorts) and generation:
     one atomic update."""
-    stored = entry
+
+    def write_entry(stored):
+        with opened_map(layout, ROUTES_MAP) as fd:
+            flags = bpf_syscall.BPF_NOEXIST if new else bpf_syscall.BPF_EXIST
+            bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(stored), flags)
 
     def write_weight():
         with opened_map(layout, WEIGHTS_MAP) as fd:
@@ -269,17 +273,16 @@ def _write_route(layout, entry, new, entry_first=False):
                 encode_weight_word(entry.weight_bp, entry.opt_in),
             )
 
-    def write_entry():
-        with opened_map(layout, ROUTES_MAP) as fd:
-            flags = bpf_syscall.BPF_NOEXIST if new else bpf_syscall.BPF_EXIST
-            bpf_syscall.map_update(fd, encode_port(entry.port), encode_route(stored), flags)
-
     if not has_map(layout, WEIGHTS_MAP):
-        write_entry()
+        write_entry(entry)
         return
     stored = entry.replace(weight_bp=0)  # the flags word's legacy weight bits stay 0
-    for write in (write_entry, write_weight) if entry_first else (write_weight, write_entry):
-        write()
+    if entry_first:
+        write_entry(stored)
+        write_weight()
+    else:
+        write_weight()
+        write_entry(stored)
 
 
 def find_route(routes, name):
