@@ -46,6 +46,9 @@ INVENTORY = os.environ.get("ZEROLAYER_PLAYBOOK_INVENTORY", str(REPO / "inventori
 SITE = os.environ.get("ZEROLAYER_PLAYBOOK_SITE", str(REPO / "playbooks" / "site.yml"))
 # Set to reuse a fleet someone already started and provisioned (it is then left running).
 REUSE = os.environ.get("ZEROLAYER_PLAYBOOK_REUSE_FLEET") == "1"
+# A folder (it must exist) that keeps the output of every playbook run a test waits for,
+# with each task's time (ansible.posix.profile_tasks): where a slow test spends its minutes.
+PLAYBOOK_LOGS = os.environ.get("ZEROLAYER_PLAYBOOK_LOGS", "")
 
 
 def podman(env, *argv, check=True):
@@ -252,6 +255,9 @@ class Fleet:
         argv += [str(REPO / "playbooks" / name), *extra]
         env = dict(self.env)
         env["ANSIBLE_CALLBACKS_ENABLED"] = "zerolayer.fleet.zerolayer_progress"
+        if PLAYBOOK_LOGS:
+            env["ANSIBLE_CALLBACKS_ENABLED"] += ",ansible.posix.profile_tasks"
+            env["PROFILE_TASKS_TASK_OUTPUT_LIMIT"] = "60"
         if background:
             log_path = self.workdir / ("%s-%d.log" % (name, time.time_ns()))
             with open(log_path, "w") as log:
@@ -286,6 +292,9 @@ class Fleet:
                 "ansible-playbook %s ran past %d s and was ended:\n%s"
                 % (name, timeout, stdout[-6000:])
             ) from None
+        if PLAYBOOK_LOGS:
+            kept = Path(PLAYBOOK_LOGS) / ("%s-%d.log" % (Path(name).name, time.time_ns()))
+            kept.write_text(" ".join(argv) + "\n" + stdout)
         return subprocess.CompletedProcess(argv, process.returncode, stdout)
 
     def kill_run(self, process):
