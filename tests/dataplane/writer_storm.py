@@ -7,7 +7,8 @@ KIND register ROUTE PID PORT registers the engine's socket in slot 0 and 1 in tu
 KIND attach OBJECT NETNS...  attaches each object in turn (a real program swap each time)
 KIND hold-lock               takes the writer lock and keeps it until STOP_FILE exists
 
-Runs until STOP_FILE exists; prints one JSON object: counts of what was done, refused by
+Runs until STOP_FILE exists (STOP_FILE.KIND.PID says it started, STOP_FILE.wrote.PID that a
+first write went through); prints one JSON object: counts of what was done, refused by
 the fence, and anything else that failed (with samples).
 """
 
@@ -67,6 +68,9 @@ def main():
         try:
             one_write(kind, layout, args, turn)
             report["done"] += 1
+            if report["done"] == 1:
+                # The test raises the fence only once every writer got a write through.
+                open(stop_file + ".wrote.%d" % os.getpid(), "w").close()
         except FenceRefused:
             report["fenced"] += 1
         except FleetError as exc:
