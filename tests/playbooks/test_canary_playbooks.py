@@ -158,6 +158,10 @@ def test_injected_errors_fail_a_gate_and_roll_back(fleet, records, baseline, loa
     report = rollback_report(records)
     assert report["nodes_confirmed"] == len(fleet.nodes)
     assert report["mode"] == "fast"
+    # Every node's copy of the record says rolled back too: the route exporter serves it,
+    # and a copy left at the stage's weight would set off ZerolayerRouteWeightDiffersFromRecord.
+    for node in fleet.nodes:
+        assert fleet.node_record(node)["outcome"] == "rolled_back", node
 
 
 def test_unreachable_prometheus_holds_and_never_rolls_back(fleet, records, baseline, load):
@@ -185,9 +189,11 @@ def test_unreachable_prometheus_holds_and_never_rolls_back(fleet, records, basel
     assert kept["outcome"] == "paused"
     assert kept["rollback"] is None
     assert {verdict["verdict"] for verdict in kept["verdicts"]} == {"hold"}
-    # No rollback: the stage's weight is still in place on every node.
+    # No rollback: the stage's weight is still in place on every node, whose copy of the
+    # record says paused.
     for node, routes in fleet.weights().items():
         assert routes[fleet.route["name"]][0] == 500, node
+        assert fleet.node_record(node)["outcome"] == "paused", node
     assert not list(records.glob("rollback-*.json"))
 
 

@@ -236,6 +236,9 @@ def test_a_pause_from_another_shell_stops_the_runner_at_its_next_evaluation(
     assert wave["outcome"] == "paused" and "p99 page" in wave["pause_reason"], wave
     assert wave["stage"] == 0, "the runner did not go on to the next stage"
     assert set(direct_weights(fleet).values()) == {500}, "the weight stayed: nothing was written"
+    # The runner copied the paused record to the nodes, whose route exporter serves it.
+    for node in fleet.nodes:
+        assert fleet.node_record(node)["outcome"] == "paused", node
     print("pause honoured by the runner %.2f s after the command (gate interval %d s)"
           % (honoured_s, GATE_INTERVAL_S))  # fmt: skip
     assert waited <= honoured_s
