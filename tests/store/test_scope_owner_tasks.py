@@ -18,8 +18,6 @@ pytestmark = pytest.mark.etcd
 REPO = Path(__file__).resolve().parents[2]
 SCOPE_TASKS = str(REPO / "playbooks" / "tasks" / "scope_owner.yml")
 SCOPE = "gpu_nodes"
-
-
 CONFIRM = "Confirm this run still owns the rollout scope"
 
 
@@ -32,15 +30,16 @@ def tasks_shown(stdout):
     return shown
 
 
-def scope_step(action, **more):
+def scope_step(action):
     """One include of the task file, as the playbooks write it."""
     return {
         "name": "Scope: %s" % action,
         "ansible.builtin.include_tasks": SCOPE_TASKS,
-        "vars": dict(
-            {"_scope_action": action, "_scope_pattern": SCOPE, "_scope_rollout_id": "tasks-test"},
-            **more,
-        ),
+        "vars": {
+            "_scope_action": action,
+            "_scope_pattern": SCOPE,
+            "_scope_rollout_id": "tasks-test",
+        },
     }
 
 
