@@ -20,15 +20,18 @@ import statistics
 import struct
 
 import lab
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+    bpf_syscall,
+    router_lifecycle,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
     find_bpftool,
     load_program,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     count_client_addresses,
     histogram_percentile,
     interpolated_percentile,
@@ -37,14 +40,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_counters,
     read_latency_buckets,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     ROUTES_MAP,
     PinLayout,
     ensure_pin_dirs,
     opened,
     opened_map,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     HASH_BY_CLIENT,
     HASH_BY_CONNECTION,
     MAX_CLIENTS,
@@ -54,7 +57,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     encode_port,
     encode_route,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
     find_route,
     read_routes,
     set_route,

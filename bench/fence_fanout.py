@@ -103,6 +103,22 @@ sys.path.insert(0, str(REPO / ".collections"))
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (  # noqa: E402
     FleetError,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (  # noqa: E402
+    pin_new_map,
+    write_new_seeds,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (  # noqa: E402
+    PinLayout,
+    ensure_pin_dirs,
+    missing_pins,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (  # noqa: E402
+    MAP_SPECS,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (  # noqa: E402
+    read_routes,
+    set_route,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (  # noqa: E402
     IDLE_RECHECK_S,
     PRESENCE_RENEW_S,
@@ -112,22 +128,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher impo
     RETRY_MAX_S,
     Presence,
     Watcher,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (  # noqa: E402
-    pin_new_map,
-    write_new_seeds,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (  # noqa: E402
-    PinLayout,
-    ensure_pin_dirs,
-    missing_pins,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (  # noqa: E402
-    MAP_SPECS,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (  # noqa: E402
-    read_routes,
-    set_route,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (  # noqa: E402
     EtcdClient,

@@ -21,7 +21,7 @@ COLLECTIONS_PATH = os.path.join(REPO, ".collections")
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (  # noqa: E402
     listening_inodes,
 )
 

@@ -44,13 +44,14 @@ import sys
 import time
 
 import lab
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli, router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     listening_inodes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import in_netns
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import in_netns
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
 
 SIMULATOR = os.path.join(lab.REPO, "roles", "model_engine", "files", "zerolayer_engine_sim.py")
 LOAD = os.path.join(lab.REPO, "files", "load", "zerolayer_load.py")

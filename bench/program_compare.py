@@ -19,19 +19,19 @@ import statistics
 
 import decision_cost
 import lab
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
     find_bpftool,
     load_program,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     PinLayout,
     ensure_pin_dirs,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
 
 BPF_DIR = os.path.join(lab.REPO, "files", "bpf")
 PREVIOUS_RELEASE = os.path.join(lab.REPO, "tests", "dataplane", "previous_release")

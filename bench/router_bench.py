@@ -41,11 +41,11 @@ sys.path.insert(0, os.path.join(REPO, ".collections"))
 
 import decision_cost  # noqa: E402
 import lab  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (  # noqa: E402
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (  # noqa: E402
     RunTimeStats,
     histogram_percentile,
     interpolated_percentile,
@@ -53,8 +53,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (  
     read_counters,
     read_latency_buckets,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import PinLayout  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route  # noqa: E402
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 BPF_DIR = os.path.join(REPO, "files", "bpf")

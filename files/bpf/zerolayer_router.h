@@ -3,7 +3,7 @@
  * The contract between the sk_lookup router and user space.
  *
  * Every layout here is mirrored, field for field, by
- * plugins/module_utils/route_codec.py and described in docs/dataplane.md.
+ * plugins/module_utils/dataplane/route_codec.py and described in docs/dataplane.md.
  * Change the three together, and only in ways that keep pinned maps readable:
  * a router upgrade reuses the pinned maps of the running version.
  */

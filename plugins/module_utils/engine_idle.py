@@ -24,7 +24,7 @@ import ssl
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import (
     TCP_ESTABLISHED,
     socket_fds,
     tcp_rows,

@@ -35,11 +35,11 @@ from __future__ import annotations
 import os
 import sys
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+    LATENCY_SAMPLE_EVERY,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.node_artifact import (
     installed_version,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
-    LATENCY_SAMPLE_EVERY,
 )
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -136,7 +136,7 @@ def _program_and_link(layout, run_time_stats):
     allows BPF_OBJ_GET of a link only read-write), so its fd lives just long enough
     to read the link's information.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
 
     program = None
     if os.path.exists(layout.prog):
@@ -170,11 +170,13 @@ def collect_fence(layout, watcher_status=None):
     on stderr) rather than failing the whole scrape: the route series still matter then.
     """
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import read_fence
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
+        is_detached,
+    )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
         read_status,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import is_detached
 
     fence = {"epoch": None, "kept_detached": None, "watcher": None}
     try:
@@ -198,16 +200,18 @@ def collect(layout, run_time_stats=False, watcher_status=None):
     Every map is read through a read-only fd, checked against its spec first (the
     readers of routes, engine_sockets and metrics): the exporter cannot change one.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
         read_slots,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
         read_cohort_counters,
         read_counters,
         read_latency_buckets,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import missing_pins
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+        read_routes,
+    )
 
     snapshot = {"attached": False, "program": None, "routes": [], "latency_buckets": None}
     snapshot["node_artifact"] = node_artifact_version()
@@ -805,7 +809,9 @@ def serve(
     """
     import functools
 
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import RunTimeStats
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
+        RunTimeStats,
+    )
 
     stats = RunTimeStats().__enter__() if run_time_stats else None
     try:
@@ -831,7 +837,7 @@ def exporter_main(argv=None):
         MODULE_FAILURES,
         as_fleet_error,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
         DEFAULT_PIN_DIR,
         PinLayout,
     )

@@ -36,14 +36,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     FenceRefused,
     raise_fence,
     read_fence,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned
-from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import in_netns
-from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import maps_pinned
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import in_netns
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
     detached_without_maps,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
@@ -124,16 +124,16 @@ def apply(layout, epoch, action, reason):
     router a deep rollback detached records the epoch too: no connection goes direct there,
     and a node that could not record a newer fence would admit a writer of an older one.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
-        deep_rollback,
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+        router_lifecycle,
+        routes,
     )
 
     if action == "catch_up":
         raise_fence(layout.fence_file, epoch, "catch up (fence watcher)")
         return {"actions": ["fence epoch recorded"]}
     if action == "deep":
-        result = deep_rollback(layout, epoch, reason)
+        result = router_lifecycle.deep_rollback(layout, epoch, reason)
         return {"actions": result["actions"]}
     if detached_without_maps(layout):
         raise_fence(layout.fence_file, epoch, "fast rollback (fence watcher, router detached)")
@@ -145,12 +145,13 @@ def apply(layout, epoch, action, reason):
 
 def read_back(layout):
     """What the node is now: its fence epoch, whether the router runs, each route's weight."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode, routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
-        router_state,
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+        router_lifecycle,
+        router_mode,
+        routes,
     )
 
-    state = router_state(layout)
+    state = router_lifecycle.router_state(layout)
     weights = {}
     if maps_pinned(layout):
         weights = {route.name: route.weight_bp for route in routes.read_routes(layout)}
@@ -499,12 +500,10 @@ class Watcher:
         """Count the direct connections left until none is, then report it in the store:
         {node, epoch, action, first, left, drained, drained_after_s (from the fence's
         arrival), waited_s}. A store that cannot take it is logged, never retried."""
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
-            wait_until_drained,
-        )
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
 
         try:
-            outcome = wait_until_drained(
+            outcome = direct_drain.wait_until_drained(
                 self.routes_by_name(),
                 max(0.0, wait_s - (time.monotonic() - started)),
                 self.netns,
@@ -621,12 +620,10 @@ class Watcher:
         """{route: its direct-path connections now}, or None when they cannot be counted.
         The watcher counts them (root sees every process's sockets) for the exporter, which
         runs without the privileges to."""
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
-            direct_connections_by_route,
-        )
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
 
         try:
-            return direct_connections_by_route(self.routes_by_name(), self.netns)
+            return direct_drain.direct_connections_by_route(self.routes_by_name(), self.netns)
         except (FleetError, OSError):
             return None
 
@@ -640,39 +637,6 @@ class Watcher:
         self.status["direct_connections"] = self.count_direct()
         self.status["updated_at_unix"] = round(time.time(), 3)
         write_text_atomic(self.status_file, json.dumps(self.status, sort_keys=True))
-
-
-def node_store(path, timeout=None):
-    """(RolloutStore, node name) from the node's store client settings (store.json, as the
-    rollout_store role's node_client writes it: endpoints, ca, cert, key, user,
-    password_file, prefix, node). The watcher and a writer checking its epoch (fence.py)
-    both reach the store through it, with the same credentials."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
-        store_from_params,
-    )
-
-    try:
-        with open(path) as handle:
-            settings = json.load(handle)
-    except FileNotFoundError:
-        raise FleetError(
-            "store config %s does not exist; the rollout_store role's node_client writes it" % path,
-            {"field": "store_config", "path": path},
-        ) from None
-    except (OSError, ValueError) as exc:
-        raise FleetError(
-            "store config %s cannot be read as JSON: %s" % (path, exc),
-            {"field": "store_config", "path": path},
-        ) from None
-    if not isinstance(settings, dict) or not settings.get("endpoints"):
-        raise FleetError(
-            "store config %s names no endpoints" % path, {"field": "store_config", "path": path}
-        )
-    names = {"ca": "ca_file", "cert": "cert_file", "key": "key_file"}
-    params = {names.get(key, key): value for key, value in settings.items()}
-    if timeout is not None:
-        params["timeout"] = timeout
-    return store_from_params(params), settings.get("node")
 
 
 def read_status(path):

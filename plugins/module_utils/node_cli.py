@@ -272,7 +272,7 @@ def load_config(path, required=False):
 def _layout(args, config):
     """The router's layout: its fence file is the node's (pins.node_layout), a --fence-file
     that names another one is refused. A --config that does not exist is no node config."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import node_layout
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import node_layout
 
     node_config = config if config or os.path.exists(args.config) else None
     return node_layout(args.pin_dir, args.fence_file, node_config, args.config)
@@ -289,7 +289,9 @@ def _route_summary(route):
 
 
 def _percent(weight_bp):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import bp_to_percent
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+        bp_to_percent,
+    )
 
     return bp_to_percent(weight_bp)
 
@@ -298,7 +300,7 @@ def _percent(weight_bp):
 
 
 def cmd_set_weight(args, config):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import routes
 
     if (
         args.weight is None
@@ -360,9 +362,9 @@ def _cidr_list(text):
 
 def cmd_rollback(args, config):
     """Weight 0 on every route; the read-back proves it (fast-rollback primitive)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import raise_fence
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
         detached_without_maps,
     )
 
@@ -414,8 +416,11 @@ def cmd_rollback(args, config):
 
 
 def cmd_register(args, config):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import engine_sockets, routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+        engine_sockets,
+        routes,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         validate_port,
         validate_slot,
     )
@@ -455,8 +460,8 @@ def cmd_show(args, config):
 
 def _routes_by_name(layout, config):
     """{route name: service port}: the node config's routes and any the maps hold."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import routes
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import routes
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import missing_pins
 
     by_name = {route["name"]: route["port"] for route in _config_routes(config)}
     if os.path.isdir(layout.pin_dir) and not missing_pins(layout):
@@ -466,7 +471,7 @@ def _routes_by_name(layout, config):
 
 def cmd_direct(args, config):
     """What is left of the direct path for pooled clients after a lowering (direct_drain)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import direct_drain
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
 
     if args.wait < 0:
         raise UsageError("wait must be seconds >= 0; got %s" % args.wait, "wait")
@@ -479,7 +484,7 @@ def cmd_direct(args, config):
 
 def cmd_detach(args, config):
     """The deep rollback, the same one as the router module's state=detached."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
 
     layout = _layout(args, config)
     result = router_lifecycle.deep_rollback(layout, args.epoch, args.reason)
@@ -513,13 +518,13 @@ def cmd_attach(args, config):
     (pin_weight): a restart must not undo a canary step. Engines that are not
     running yet are reported, not fatal: their own start hook registers them.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
         engine_sockets,
         fence,
         router_lifecycle,
         routes,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
     config = config or load_config(args.config, required=True)
     layout = _layout(args, config)
@@ -534,7 +539,7 @@ def cmd_attach(args, config):
     )
     if attached["kept_detached"]:
         # Exit 0: the boot unit must not fail (or loop) on a node kept detached on purpose.
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
             kept_detached_message,
         )
 
@@ -600,9 +605,11 @@ def cmd_attach(args, config):
 
 
 def _store_from_config(path):
-    """The rollout store as the node's store.json describes it (fence_watcher.node_store:
+    """The rollout store as the node's store.json describes it (store/node_client.node_store:
     the one reader of it, which a writer checking its epoch uses too)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import node_store
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.store.node_client import (
+        node_store,
+    )
 
     return node_store(path)
 

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import read_slots
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_mode
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
+    read_slots,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     count_client_addresses,
     latency_summary,
     read_client_entries,
@@ -15,10 +17,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
     read_counters,
     read_latency_buckets,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import missing_pins
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import HASH_BY_CLIENT
-from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import router_state
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import missing_pins
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+    HASH_BY_CLIENT,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_lifecycle import (
+    router_state,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
     has_cohorts,
     read_cohort_entries,
     read_routes,

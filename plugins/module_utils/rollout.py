@@ -29,15 +29,15 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     seconds_between,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
-    VERDICTS,
-    validate_gates,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     bp_to_percent,
     check_cohorts,
     parse_cohort,
     parse_weight,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+    VERDICTS,
+    validate_gates,
 )
 
 RECORD_FORMAT = 1

@@ -197,11 +197,14 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     layout_from_params,
     layout_options,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import remove_route, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    remove_route,
+    set_route,
+)
 
 
 def _summary(route, cohorts):

@@ -200,16 +200,16 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     layout_from_params,
     layout_options,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_lifecycle import (
     SELF_NETNS,
     attach,
     deep_rollback,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.router_mode import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
     kept_detached_message,
 )
 

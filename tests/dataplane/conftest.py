@@ -26,11 +26,11 @@ COLLECTIONS_PATH = os.path.join(REPO, ".collections")
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (  # noqa: E402
     listening_inodes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import PinLayout  # noqa: E402
 
 BPF_DIR = os.path.join(REPO, "files", "bpf")
 CLIENT = os.path.join(os.path.dirname(__file__), "http_client.py")
@@ -368,7 +368,7 @@ def ok(layout, *argv, config=None):
 @pytest.fixture
 def attached(layout, netns, proxy, engine, router_object):
     """Router attached in the netns with route chat on 8080 and the engine in slot 0."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
 
     router_lifecycle.attach(layout, router_object, netns.path)
     set_route(layout, "chat", SERVICE_PORT, 0)
@@ -385,9 +385,9 @@ def maps_bytes(layout):
 
     Per-CPU values are read for every possible CPU; a sockmap reads back socket cookies.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import opened
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         MAP_SPECS,
         MAP_TYPE_PERCPU_ARRAY,
     )

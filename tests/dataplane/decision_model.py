@@ -10,7 +10,9 @@ import collections
 import socket
 import struct
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import read_layout_config
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
+    read_layout_config,
+)
 
 MASK = (1 << 64) - 1
 AF_INET = 2

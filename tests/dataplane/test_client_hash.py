@@ -14,26 +14,26 @@ import struct
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
     router_lifecycle,
     routes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
     add_maps_of_newer_layout,
     find_bpftool,
     load_program,
     write_new_seeds,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     client_route_index,
     read_client_entries,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CONFIG_MAP,
     ensure_pin_dirs,
     map_names_of_layout,
@@ -41,15 +41,15 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     pinned_layout_version,
     read_layout_config,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CONFIG_KEY,
     CONFIG_VALUE,
     HASH_BY_CLIENT,
     LAYOUT_VERSION,
     decode_client_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
 
 from .conftest import BPF_DIR, ENGINE_PORT, SERVICE_PORT, maps_bytes, ok, routectl, run
 from .decision_model import (

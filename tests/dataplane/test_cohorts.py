@@ -13,25 +13,25 @@ import struct
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
     router_lifecycle,
     routes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import FenceRefused
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import FenceRefused
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
     add_maps_of_newer_layout,
     find_bpftool,
     load_program,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     read_cohort_counters,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     ROUTES_MAP,
     WEIGHTS_MAP,
     ensure_pin_dirs,
@@ -41,18 +41,18 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     pinned_layout_version,
     read_layout_config,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     LAYOUT_VERSION,
     MAX_COHORT_ENTRIES,
     PORT_KEY,
     WEIGHT_OPT_IN,
     WEIGHT_VALUE,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
     read_routes,
     set_route,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
 
 from .conftest import BPF_DIR, ENGINE_PORT, SERVICE_PORT, maps_bytes, ok, routectl, run
 from .decision_model import sk_lookup_ctx
@@ -446,9 +446,11 @@ def test_pins_of_layout_2_keep_working_and_an_attach_adds_the_cohorts(
     argv = [find_bpftool(), "prog", "load", layout2_object, layout.prog, "type", "sk_lookup"]
     subprocess.run([*argv, "pinmaps", layout.maps_dir], check=True, capture_output=True)
     # What the layout 2 release's loader wrote: its layout number and the node's seeds.
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import write_new_seeds
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import CONFIG_MAP
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
+        write_new_seeds,
+    )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import CONFIG_MAP
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         CONFIG_KEY,
         CONFIG_VALUE,
     )

@@ -7,18 +7,21 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    node_cli,
+from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     router_lifecycle,
     routes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence, read_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
+    raise_fence,
+    read_fence,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     check_pinned_maps,
     writer_lock,
 )

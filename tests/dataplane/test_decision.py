@@ -9,18 +9,18 @@ import socket
 import struct
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     read_slots,
     register_engine_socket,
     unregister_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     read_counters,
     read_latency_buckets,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     FAMILIES_MAP,
     ROUTES_MAP,
     SOCKETS_MAP,
@@ -28,7 +28,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened,
     opened_map,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     FAMILIES_VALUE,
     LATENCY_SAMPLE_SHIFT,
     SOCKET_VALUE,
@@ -36,7 +36,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     encode_route,
     socket_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 
 from .decision_model import (
     IPPROTO_UDP,
@@ -342,17 +345,14 @@ def test_a_socket_the_kernel_refuses_is_an_assign_error(loaded):
 def test_the_copied_fd_must_be_the_socket_the_scan_found(loaded, listeners):
     """A reused fd number or pid could hand over another listener: the copy is checked."""
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
         check_engine_socket,
         describe_socket,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
-        SELF_NETNS,
-        netns_inode,
-    )
 
     scanned, other = listeners(), listeners()
-    here = netns_inode(SELF_NETNS)
+    here = router_lifecycle.netns_inode(router_lifecycle.SELF_NETNS)
     found_inode = os.fstat(scanned.fileno()).st_ino
     found_port = scanned.getsockname()[1]
     # The fd now holds another listener (the engine closed fd N and opened a new one).

@@ -12,17 +12,23 @@ import sys
 import uuid
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
-    node_cli,
     router_lifecycle,
     router_mode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence, write_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import opened
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
+    read_fence,
+    write_fence,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import opened
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, file_bytes, routectl, run
 from .decision_model import Seeds

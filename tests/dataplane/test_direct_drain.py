@@ -14,11 +14,11 @@ import time
 import uuid
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     listening_inodes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
 
 from .conftest import REPO, SERVICE_PORT, ok, routectl
 

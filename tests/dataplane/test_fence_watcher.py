@@ -10,12 +10,18 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle, router_mode
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+    router_lifecycle,
+    router_mode,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     RolloutStore,

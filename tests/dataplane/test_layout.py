@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import route_codec
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import route_codec
 
 from .conftest import BPF_DIR
 

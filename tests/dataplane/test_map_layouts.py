@@ -4,20 +4,20 @@ import os
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
     router_lifecycle,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (
     find_bpftool,
     load_program,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CONFIG_MAP,
     FAMILIES_MAP,
     MAP_NAMES,
@@ -28,7 +28,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened,
     pinned_layout_version,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CONFIG_KEY,
     CONFIG_VALUE,
     FAMILIES_VALUE,
@@ -38,7 +38,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     TAKES_IPV6,
     socket_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 
 from .conftest import BPF_DIR, ENGINE_PORT, SERVICE_PORT, run
 from .decision_model import Seeds, takes_engine_path

@@ -5,12 +5,12 @@ import os
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     PinLayout,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
     remove_route,
     set_route,
 )

@@ -17,8 +17,9 @@ import time
 import urllib.request
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli, router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     LATENCY_SAMPLE_EVERY,
 )
 
@@ -154,7 +155,7 @@ def test_set_weight_unknown_route_names_the_field(attached):
 
 
 def test_rollback_zeroes_every_route_and_confirms(attached, netns):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import set_route
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
 
     set_route(attached, "batch", 8081, 40)
     ok(attached, "set-weight", "--route", "chat", "--weight", "100")
@@ -338,13 +339,16 @@ def test_exporter_asked_for_stats_without_cap_sys_admin_fails_clearly(attached):
 
 
 def test_exporter_maps_are_opened_read_only(attached, monkeypatch):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
         ROUTES_MAP,
         opened_map,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import PORT_KEY
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+        PORT_KEY,
+    )
 
     before = routes_map_bytes(attached)
     # Every pin one scrape opens, and how: maps and program read-only, the link (which the
@@ -392,12 +396,12 @@ def test_exporter_with_nothing_pinned(bpffs, exporter):
 
 def routes_map_bytes(layout):
     """Every entry of the routes map, raw: what "unchanged byte for byte" compares."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
         ROUTES_MAP,
         opened_map,
     )
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         PORT_KEY,
         ROUTE_VALUE,
     )
@@ -455,7 +459,7 @@ def test_rollback_on_a_detached_node_records_the_newer_fence(attached, netns):
 
 
 def test_register_with_an_older_epoch_is_refused(attached, engine):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
         unregister_engine_socket,
     )
 

@@ -7,18 +7,21 @@ import json
 import os
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     REREAD_ACTION,
     raise_fence,
     read_fence,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     PinLayout,
     WriterLockTimeout,
     writer_lock,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     RolloutStore,

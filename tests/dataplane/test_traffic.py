@@ -8,14 +8,17 @@ import os
 import socket
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_lifecycle
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     read_slots,
     register_engine_socket,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import read_counters
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_routes, set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import read_counters
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_routes,
+    set_route,
+)
 
 from .conftest import ENGINE_PORT, SERVICE_PORT, four_sigma_bounds
 from .decision_model import Seeds, takes_engine_path

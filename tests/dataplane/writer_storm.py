@@ -21,16 +21,16 @@ import time
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, ".collections"))
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (  # noqa: E402
     engine_sockets,
     router_lifecycle,
     routes,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (  # noqa: E402
     FenceRefused,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (  # noqa: E402
     PinLayout,
     writer_lock,
 )

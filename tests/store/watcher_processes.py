@@ -10,8 +10,8 @@ import signal
 import subprocess
 import sys
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_mode
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import raise_fence
 
 from .conftest import COLLECTIONS_PATH
 

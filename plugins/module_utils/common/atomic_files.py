@@ -3,7 +3,7 @@
 """Files replaced whole: a reader sees the old file or the new one, never a torn write.
 
 Plain standard library, so that every layer can use it: the rollout records (rollout.py),
-the node's direct-drain marker (direct_drain.py) and the node artifact (node_artifact.py).
+the node's direct-drain marker (dataplane/direct_drain.py) and the node artifact (node_artifact.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Keys under the store's prefix (default /zerolayer/):
                    its loop goes on, on a short lease of its own (fence_watcher.Presence)
 
 Rollback and abort call raise_fence() before they touch a node; every weight write to a
-node carries the epoch its writer took (fence.py enforces it there). See
+node carries the epoch its writer took (dataplane/fence.py enforces it there). See
 docs/rollout-store.md.
 """
 

@@ -4,7 +4,7 @@ The router decides once per connection, at the SYN: a weight change or a rollbac
 new connections only, and a client that pools keep-alive connections (the OpenAI SDK, a
 gateway) would stay on the direct path for as long as it keeps sending. So every time a
 node lowers a weight (a rollback, a canary step down, a drain) it writes a small marker
-file (plugins/module_utils/direct_drain.py, the one writer), and the engines' HTTP servers
+file (plugins/module_utils/dataplane/direct_drain.py, the one writer), and the engines' HTTP servers
 read it here (the simulator, vLLM's zerolayer_vllm_paths middleware):
 
 - a direct connection that must leave gets "Connection: close" on its next response, so

@@ -4,7 +4,7 @@ import socket
 import subprocess
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import FenceRefused
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import FenceRefused
 from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
     config_routes,
     confirmed,

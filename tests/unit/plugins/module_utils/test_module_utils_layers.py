@@ -25,6 +25,9 @@ PACKAGE = "ansible_collections.zerolayer.fleet.plugins.module_utils"
 MAY_IMPORT = {
     "common": (),
     "store": ("common",),
+    # A weight write checks the store's fence epoch where the node has a store: the data
+    # plane reads the store, never the rollout, the controller or the reports.
+    "dataplane": ("common", "store"),
 }
 # Helpers (functions, classes) that moved, by the module they left: used from their new home
 # only.
@@ -42,7 +45,9 @@ MOVED = {
     },
     # The watcher's refusals and the weight writers' are one class, the fence's.
     "fence_watcher": {
-        "fence": ("FenceRefused",),
+        "dataplane.fence": ("FenceRefused",),
+        # The node's way to the store, which the data plane's epoch check takes too.
+        "store.node_client": ("node_store",),
     },
 }
 MOVED_FROM_GATES = MOVED["gates"]

@@ -5,17 +5,17 @@ import ipaddress
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     count_client_addresses,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     HASH_BY_CLIENT,
     HASH_BY_CONNECTION,
     WEIGHT_OPT_IN,
     Route,
     encode_client_key,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import plan_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import plan_route
 
 ROUTES = [Route("chat", 8080, 500, 4, 0), Route("embed", 8081, 0, 1, 2, hash_mode="client")]
 

@@ -1,13 +1,15 @@
 """Percentiles from the log2 decision-time histogram."""
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     histogram_percentile,
     interpolated_percentile,
     latency_summary,
     sum_counters,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import LATENCY_BUCKETS
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+    LATENCY_BUCKETS,
+)
 
 
 def buckets_with(**counts):

@@ -4,8 +4,8 @@ import json
 import os
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import fence
 
 
 @pytest.fixture

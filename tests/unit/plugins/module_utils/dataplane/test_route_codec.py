@@ -2,7 +2,7 @@
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CLIENT_KEY,
     CLIENT_SEEN,
     COUNTERS_VALUE,
@@ -92,7 +92,9 @@ def test_invalid_slots(slot):
 
 
 def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAP_SPECS
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+        MAP_SPECS,
+    )
 
     names = [spec.name for spec in MAP_SPECS]
     assert len(set(names)) == len(names) == 11
@@ -107,7 +109,7 @@ def test_map_specs_name_every_map_once_and_fit_the_kernels_name_limit():
 
 
 def test_a_map_spec_names_each_difference():
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         MAP_SPEC_BY_NAME,
     )
 

@@ -240,7 +240,8 @@ def store_epoch_reader(store_config):
         return None
 
     def read():
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (
+        # Imported when a write first checks: a node without a store never loads the client.
+        from ansible_collections.zerolayer.fleet.plugins.module_utils.store.node_client import (
             node_store,
         )
 

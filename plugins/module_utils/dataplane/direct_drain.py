@@ -31,8 +31,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.locks import flock_within
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import read_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import read_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import (
     TCP_ESTABLISHED,
     TCP_LISTEN,
     in_netns,

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import direct_drain
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import PinLayout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import PinLayout
 
 RULE_FILE = (
-    Path(__file__).resolve().parents[4] / "roles/model_engine/files/zerolayer_direct_drain.py"
+    Path(__file__).resolve().parents[5] / "roles/model_engine/files/zerolayer_direct_drain.py"
 )
 PORT = 8000
 T = 1_800_000_000.0

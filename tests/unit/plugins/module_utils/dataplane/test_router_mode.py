@@ -1,9 +1,9 @@
 """The router's mode record (router_mode.py): what a deep rollback keeps, what a restore leaves."""
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import router_mode
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_mode
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     raise_fence,
     read_fence,
     write_fence,

@@ -28,20 +28,23 @@ import contextlib
 import os
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+    bpf_syscall,
+    direct_drain,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     REREAD_ACTION,
     admit,
     raise_fence,
     read_fence,
     store_epoch_reader,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.metrics import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
     client_route_index,
     read_client_entries,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CLIENTS_MAP,
     COHORT_COUNTERS_MAP,
     COHORTS_V4_MAP,
@@ -57,7 +60,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     require_maps,
     writer_lock,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     COHORT_ALWAYS_DIRECT,
     COHORT_COUNTERS_VALUE,
     COHORT_KEY_V4,

@@ -15,9 +15,9 @@ import shutil
 import struct
 import subprocess
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CONFIG_MAP,
     MAP_NAMES,
     WEIGHTS_MAP,
@@ -25,7 +25,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     opened,
     pinned_layout_version,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CONFIG_KEY,
     CONFIG_VALUE,
     LAYOUT_VERSION,
@@ -33,7 +33,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     PORT_KEY,
     WEIGHT_VALUE,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import read_route_entries
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
+    read_route_entries,
+)
 
 _BPFTOOL_FALLBACKS = ("/usr/sbin/bpftool", "/usr/local/sbin/bpftool", "/sbin/bpftool")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     fence_file_lock,
     read_fence,
     write_fence,
@@ -59,7 +59,7 @@ def detached_without_maps(layout):
     nothing goes direct, and a later rollback has only the node's fence to raise. Maps
     missing for any other reason (a wrong pin_dir, a router never attached) are not this:
     a rollback must fail there rather than report a node it did not reach."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import maps_pinned
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import maps_pinned
 
     return is_detached(layout.fence_file) and not maps_pinned(layout)
 

@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import fence
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 
 

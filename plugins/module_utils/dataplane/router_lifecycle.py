@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
     direct_drain,
     router_mode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import raise_fence
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import load_program
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import raise_fence
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import load_program
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CONFIG_MAP,
     WriterLockTimeout,
     ensure_pin_dirs,
@@ -34,7 +34,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     unlink_if_present,
     writer_lock,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import fenced_writer
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import fenced_writer
 
 SELF_NETNS = "/proc/self/ns/net"
 # A deep rollback waits this long for another writer (an attach in its verifier, say),

@@ -7,7 +7,7 @@ import struct
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     COHORT_COUNTERS_VALUE,
     COHORT_KEY_V4,
     COHORT_KEY_V6,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     CLIENTS_MAP,
     COHORT_COUNTERS_MAP,
     COUNTERS_MAP,
@@ -16,7 +16,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
     has_map,
     opened_map,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CLIENT_KEY,
     CLIENT_SEEN,
     COHORT_COUNTER_FIELDS,

@@ -41,17 +41,17 @@ import struct
 import time
 import urllib.parse
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.locks import flock_within
-from ansible_collections.zerolayer.fleet.plugins.module_utils.direct_drain import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.direct_drain import (
     DEFAULT_DIRECT_DRAIN_FILE,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     DEFAULT_FENCE_FILE,
     DEFAULT_STORE_CONFIG,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     CONFIG_KEY,
     CONFIG_VALUE,
     LAYOUT_VERSION,

@@ -2,8 +2,11 @@
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import MAX_ROUTES, Route
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import plan_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
+    MAX_ROUTES,
+    Route,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import plan_route
 
 ROUTES = [Route("chat", 8080, 500, 4, 0), Route("embed", 8081, 0, 1, 2)]
 

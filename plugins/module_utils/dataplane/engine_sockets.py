@@ -15,23 +15,29 @@ import socket
 import struct
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import bpf_syscall, direct_drain
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence import admit, store_epoch_reader
-from ansible_collections.zerolayer.fleet.plugins.module_utils.loader import run_command
-from ansible_collections.zerolayer.fleet.plugins.module_utils.pins import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+    bpf_syscall,
+    direct_drain,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
+    admit,
+    store_epoch_reader,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import run_command
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
     FAMILIES_MAP,
     SOCKETS_MAP,
     has_map,
     opened_map,
     writer_lock,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.proc_sockets import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import (
     TCP_LISTEN,
     socket_fds,
     tcp_rows,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     FAMILIES_VALUE,
     MAX_SLOTS,
     SOCKET_VALUE,
@@ -41,12 +47,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.route_codec import
     validate_port,
     validate_slot,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.router_lifecycle import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_lifecycle import (
     SELF_NETNS,
     link_state,
     netns_inode,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.routes import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
     require_route,
     sync_slot_limit,
 )
