@@ -28,11 +28,18 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group("sandbox-fleet")]
 
 ZEROLAYER = REPO / "scripts" / "zerolayer"
-# Long holds: the tests act while the runner holds its first stage.
+# Long holds: the tests act while the runner holds its first stage. Its gates still run every
+# interval (the lease, pause and fence checks ride on them), but no number of failed verdicts
+# ends the hold: in 300 s of evaluations on this shared 2-core VM, the route-decision p99 gate
+# once read 235 us on one node (2026-12-07, while the refused site.yml ran beside molecule),
+# and the runner rolled back before the person's pause these tests are about. What the
+# gates decide is test_canary_playbooks.py's, with injected errors.
 HOLDING = json.dumps(
     {
         "canary_schedule": [{"weight": 5, "hold": 300}, {"weight": 100, "hold": 0}],
         "canary_owner_ttl": 8,
+        "canary_consecutive_failure_limit": 1000,
+        "canary_failure_limit": 1000,
     }
 )
 GATE_INTERVAL_S = 2  # drill_vars.yml
