@@ -36,6 +36,12 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_file
     write_text_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
+    direct_drain,
+    router_lifecycle,
+    router_mode,
+    routes,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     FenceRefused,
     raise_fence,
@@ -124,11 +130,6 @@ def apply(layout, epoch, action, reason):
     router a deep rollback detached records the epoch too: no connection goes direct there,
     and a node that could not record a newer fence would admit a writer of an older one.
     """
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
-        router_lifecycle,
-        routes,
-    )
-
     if action == "catch_up":
         raise_fence(layout.fence_file, epoch, "catch up (fence watcher)")
         return {"actions": ["fence epoch recorded"]}
@@ -145,12 +146,6 @@ def apply(layout, epoch, action, reason):
 
 def read_back(layout):
     """What the node is now: its fence epoch, whether the router runs, each route's weight."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
-        router_lifecycle,
-        router_mode,
-        routes,
-    )
-
     state = router_lifecycle.router_state(layout)
     weights = {}
     if maps_pinned(layout):
@@ -500,8 +495,6 @@ class Watcher:
         """Count the direct connections left until none is, then report it in the store:
         {node, epoch, action, first, left, drained, drained_after_s (from the fence's
         arrival), waited_s}. A store that cannot take it is logged, never retried."""
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
-
         try:
             outcome = direct_drain.wait_until_drained(
                 self.routes_by_name(),
@@ -620,8 +613,6 @@ class Watcher:
         """{route: its direct-path connections now}, or None when they cannot be counted.
         The watcher counts them (root sees every process's sockets) for the exporter, which
         runs without the privileges to."""
-        from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import direct_drain
-
         try:
             return direct_drain.direct_connections_by_route(self.routes_by_name(), self.netns)
         except (FleetError, OSError):
