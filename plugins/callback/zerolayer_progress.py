@@ -207,6 +207,10 @@ class CallbackModule(CallbackBase):
         if previous_stage != summary.get("stage_number"):
             self.split.pop(wave["wave"], None)
         self._note_record(wave["wave"], result.get("record"))
+        # The canary's step at point=measured records the wave's measured split.
+        for change in (result.get("step") or {}).get("changes") or []:
+            if change.get("action") == "split_measured":
+                self._note_split(change.get("splits"))
 
     def _note_record(self, name, record):
         if not isinstance(record, dict) or not isinstance(record.get("transitions"), list):
@@ -218,8 +222,7 @@ class CallbackModule(CallbackBase):
         ):
             self.records[name] = record
 
-    def _note_split(self, facts):
-        split = facts.get("_canary_measured_split")
+    def _note_split(self, split):
         if not isinstance(split, dict):
             return
         # The split belongs to the wave whose stage was just started.
@@ -312,7 +315,6 @@ class CallbackModule(CallbackBase):
             self._note_rollout_state(data)
         facts = data.get("ansible_facts")
         if isinstance(facts, dict):
-            self._note_split(facts)
             self._note_rollback(facts)
 
     # ------------------------------------------------------------ hooks

@@ -483,11 +483,13 @@ class Limits:
         return value
 
 
-def new_history(rollout_id, stage):
+def new_history(rollout_id, stage, decided_at=None):
     return {
         "format": HISTORY_FORMAT,
         "rollout_id": rollout_id,
         "stage": stage,
+        # The person's decision (resume, promote) this history began after, if any.
+        "decided_at": decided_at,
         "first_evaluated_at": None,
         "last_evaluated_at": None,
         "evaluations": 0,
@@ -501,16 +503,19 @@ def new_history(rollout_id, stage):
     }
 
 
-def history_for_stage(stored, rollout_id, stage):
-    """The stored history when it belongs to this rollout and stage, else a fresh one."""
+def history_for_stage(stored, rollout_id, stage, decided_at=None):
+    """(history, replaced): the stored history when it belongs to this rollout and stage and
+    began after the person's latest decision (decided_at, from the record), else a fresh one:
+    a resume or promote gives the stage a new budget, whoever made it."""
     if (
         isinstance(stored, dict)
         and stored.get("format") == HISTORY_FORMAT
         and stored.get("rollout_id") == rollout_id
         and stored.get("stage") == stage
+        and stored.get("decided_at") == decided_at
     ):
         return copy.deepcopy(stored), False
-    return new_history(rollout_id, stage), stored is not None
+    return new_history(rollout_id, stage, decided_at), stored is not None
 
 
 def _count_evaluation(history, verdict, now, hold_started_at, watch_interval_s=None):

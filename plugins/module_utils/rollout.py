@@ -272,6 +272,20 @@ def _transition(record, action, now, actor, **detail):
     record["updated_by"] = actor
 
 
+# A person's decisions that give the stage they leave running a fresh gate history (a new
+# hold-extension budget, failure counts from zero, no latched decision), from whichever
+# shell or controller they came.
+PERSON_DECISIONS = ("resume", "promote", "promote_full")
+
+
+def last_decision_at(record):
+    """When a person last resumed or promoted the rollout (a timestamp), or None."""
+    return next(
+        (t["at"] for t in reversed(record["transitions"]) if t["action"] in PERSON_DECISIONS),
+        None,
+    )
+
+
 def current_stage(record):
     return record["schedule"][record["stage"]["index"]]
 

@@ -22,14 +22,20 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_stor
 STOPS = ("paused", "stopped", "fenced", "moved", "owner_lost")
 
 
-def record_standing(records, stage=None):
-    """(decision, reason) when the record says the rollout no longer runs, else None."""
+def read_record(records):
+    """(record, None), or (None, stop) when the store cannot be read; (None, None) without
+    records or before the first write."""
     if records is None:
-        return None
+        return None, None
     try:
         record, _token = records.read()
     except StoreUnavailable as exc:
-        return ("store_unreachable", exc.message)
+        return None, ("store_unreachable", exc.message)
+    return record, None
+
+
+def record_standing(record, stage=None):
+    """(decision, reason) when the record says the rollout no longer runs, else None."""
     if record is None:
         return None
     if record["outcome"] == "paused" or record.get("paused"):
@@ -101,13 +107,19 @@ def owner_standing(store, scope, lease):
     return None
 
 
-def standing(records, store, epoch, stage=None, owner=None):
-    """The first reason to stop, to end the hold (a person promoted it), or to wait for the
-    store; None to go on. stage is the index the runner holds; owner, (scope, lease) of
+def standing_and_record(records, store, epoch, stage=None, owner=None):
+    """(stop, record): stop is the first reason to stop, to end the hold (a person promoted
+    it), or to wait for the store, None to go on; record is the wave's record as read (None
+    when it was not read). stage is the index the runner holds; owner, (scope, lease) of
     this runner when it took the scope."""
     scope, lease = owner or (None, None)
-    return (
-        fence_standing(store, epoch)
-        or owner_standing(store, scope, lease)
-        or record_standing(records, stage)
-    )
+    stop = fence_standing(store, epoch) or owner_standing(store, scope, lease)
+    if stop is not None:
+        return stop, None
+    record, unreadable = read_record(records)
+    return unreadable or record_standing(record, stage), record
+
+
+def standing(records, store, epoch, stage=None, owner=None):
+    """The stop of standing_and_record() alone."""
+    return standing_and_record(records, store, epoch, stage, owner)[0]

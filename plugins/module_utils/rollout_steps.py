@@ -2,23 +2,27 @@
 # Apache License 2.0 (see LICENSE)
 """What a wave of the canary does next, at each point where a run decides.
 
-canary.yml decides at four points of a wave: when it reads the wave's record, when a person
-asked for something (canary_action), when a hold ends with the gates' decision, and when a
-stage ends. At each, a plain function of what the run knows there gives a step:
+canary.yml decides at six points of a wave: when it reads the wave's record, when a person
+asked for something (canary_action), when the nodes read back the stage's weight, when their
+measured split is in, when a hold ends with the gates' decision, and when a stage ends. At
+each, a plain function of what the run knows there gives a step:
 
   changes        the record's changes, in order, made in one compare-and-swap;
   halt           {} to carry on, else how the run stops: kind, failed, wave, message;
-  rollback       {} or {kind, reason}: roll every node back now (the rollback then halts);
-  reset_history  the gates start a fresh history (after a person's decision).
+  rollback       {} or {kind, reason}: roll every node back now (the rollback then halts).
+
+A person's resume or promote needs nothing more: once in the record, it gives the stage's
+gates a fresh history (canary_gate reads the record).
 
 The playbooks carry the step out in their order and decide nothing themselves.
 """
 
 from __future__ import annotations
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, traffic_split
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
-POINTS = ("wave", "request", "verdict", "stage_end")
+POINTS = ("wave", "request", "confirmed", "measured", "verdict", "stage_end")
 REQUESTS = ("run", "pause", "resume", "promote", "promote_full", "abort")
 # The wave's outcomes at which a run changes nothing more.
 STOPPED_OUTCOMES = ("paused", "rolled_back", "aborted")
@@ -27,16 +31,17 @@ STOPPED_OUTCOMES = ("paused", "rolled_back", "aborted")
 # runner's lease on the scope lost (another runner may hold it now).
 # Nothing more is written.
 ACTED_ELSEWHERE = ("paused", "stopped", "fenced", "moved", "owner_lost")
+# How a stage's measured split is judged (canary_split_*), and the wait, for the message.
+SPLIT_SETTINGS = ("min_connections", "sigmas", "floor_pct", "wait_s")
 # canary_gate's decisions at the end of a hold that this run records.
 HOLD_ENDINGS = ("complete", "pause", "rollback")
 
 
-def step(changes=(), halt=None, rollback=None, reset_history=False):
+def step(changes=(), halt=None, rollback=None):
     return {
         "changes": [dict(change) for change in changes],
         "halt": halt or {},
         "rollback": rollback or {},
-        "reset_history": reset_history,
     }
 
 
@@ -102,8 +107,121 @@ def on_request(request, wave_id, wave):
             [{"action": "abort", "reason": reason}],
             rollback={"kind": "aborted", "reason": "aborted by request (canary_action=abort)"},
         )
-    # resume, promote, promote_full: the stage's gates start a fresh history (hold budget).
-    return step([{"action": request, "reason": reason}], reset_history=True)
+    # resume, promote, promote_full: recorded, the stage's gates start a fresh history.
+    return step([{"action": request, "reason": reason}])
+
+
+def _routes_read(read, routes):
+    """The stage's routes among one node's route_info read, in the order read."""
+    return [route for route in read or [] if route.get("name") in routes]
+
+
+def _node_lagging(found, routes, weight_bp, cohort):
+    """A node's read-back misses the stage: a route missing, at another weight, or (where the
+    stage sets a cohort) holding another always_direct."""
+    return (
+        len(found) != len(routes)
+        or any(route.get("weight_bp") != weight_bp for route in found)
+        or (cohort is not None and any(route.get("always_direct") != cohort for route in found))
+    )
+
+
+def _stage_words(record):
+    planned = rollout.current_stage(record)
+    return planned, "stage %d" % (record["stage"]["index"] + 1)
+
+
+def at_confirmed(record, reads, routes, wave):
+    """The wave's nodes read back their routes (reads: {node: route_info routes}): each
+    node's first route is recorded; any node that misses the stage's weight or cohort, or
+    that an earlier run confirmed at another stage and this one did not read, stops the run
+    before the hold (a person looks: re-run, or roll back)."""
+    planned, where = _stage_words(record)
+    weight_bp, cohort = planned["weight_bp"], planned.get("cohort")
+    confirmations, lagging, weights = {}, set(), {}
+    for node, read in sorted((reads or {}).items()):
+        found = _routes_read(read, routes)
+        weights[node] = {route["name"]: route.get("weight") for route in found}
+        if found:
+            confirmations[node] = {
+                "generation": found[0]["generation"],
+                "weight": found[0]["weight"],
+            }
+        if _node_lagging(found, routes, weight_bp, cohort):
+            lagging.add(node)
+    # Left out of this run (--limit, gone from the wave) at another stage or weight.
+    lagging.update(node for node in rollout.lagging_nodes(record) if node not in reads)
+    changes = [{"action": "weight_confirmed", "nodes": confirmations}] if confirmations else []
+    if not lagging:
+        return step(changes)
+    wanted = _weight_text(planned["weight"])
+    if cohort:
+        wanted += " with always_direct %s" % ", ".join(cohort)
+    read_back = "; ".join(
+        "%s %s" % (node, weights.get(node, "not read by this run")) for node in sorted(lagging)
+    )
+    return step(
+        changes,
+        halt=halt(
+            "lagging",
+            True,
+            wave,
+            "Nodes lagging at %s of wave %s: every route must read back %s; read back: %s. "
+            "The stage did not start its hold; re-run to try again, or roll back."
+            % (where, wave, wanted, read_back),
+        ),
+    )
+
+
+def at_measured(record, readbacks, reads, routes, split, wave):
+    """The router's counters read again once traffic flowed (reads), against the read-back
+    (readbacks), on each node: the measured split of each is recorded; any node off the
+    stage's weight, or with too few new connections, stops the run before the hold.
+    split: min_connections, sigmas, floor_pct and wait_s (canary_split_*)."""
+    missing = [key for key in SPLIT_SETTINGS if key not in (split or {})]
+    if missing:
+        raise FleetError(
+            "split must give %s; missing %s" % (", ".join(SPLIT_SETTINGS), ", ".join(missing)),
+            {"field": "split"},
+        )
+    planned, where = _stage_words(record)
+    cohort = planned.get("cohort")
+    splits = {
+        node: traffic_split.stage_split(
+            _routes_read(readbacks.get(node), routes),
+            _routes_read(read, routes),
+            planned["weight"],
+            cohort_stage=bool(cohort),
+            min_connections=split["min_connections"],
+            sigmas=split["sigmas"],
+            floor_pct=split["floor_pct"],
+        )
+        for node, read in sorted((reads or {}).items())
+    }
+    changes = [{"action": "split_measured", "splits": splits}] if splits else []
+    off = [node for node, measured in sorted(splits.items()) if not measured["ok"]]
+    if not off:
+        return step(changes)
+    stage_text = "weight %s" % _weight_text(planned["weight"])
+    if cohort:
+        stage_text += ", cohort %s" % ", ".join(cohort)
+    return step(
+        changes,
+        halt=halt(
+            "split_off",
+            True,
+            wave,
+            "Measured split not confirmed at %s of wave %s (%s, within %s s): %s. The hold did "
+            "not start; re-run to measure again, or roll back."
+            % (
+                where,
+                wave,
+                stage_text,
+                split["wait_s"],
+                "; ".join("%s: %s" % (node, splits[node]["detail"]) for node in off),
+            ),
+        ),
+    )
 
 
 def at_hold_end(verdict, wave_id, wave, stage, weight):
@@ -185,8 +303,20 @@ def at_stage_end(hold_s, weight, pause_after_weight, wave_id, wave):
     return step(changes)
 
 
-def decide(point, params, summary):
-    """The step at `point` from the module's parameters and the record's summary."""
+def decide(point, params, summary, record=None):
+    """The step at `point` from the module's parameters, the record's summary and (for the
+    read-back and the split) the record itself."""
+    if point == "confirmed":
+        return at_confirmed(record, params["reads"], params["routes"], params["wave"])
+    if point == "measured":
+        return at_measured(
+            record,
+            params["readbacks"],
+            params["reads"],
+            params["routes"],
+            params["split"],
+            params["wave"],
+        )
     if point == "wave":
         return at_wave(summary, params["wave_id"], params["wave"])
     if point == "request":

@@ -21,12 +21,14 @@ description:
     worst one.
   - The stage's evaluation history is kept in O(state_file) (JSON, replaced atomically). It holds
     the counts the limits read; it starts afresh when O(rollout_id) or O(stage) differ from the
-    stored ones, or with O(reset_history=true).
+    stored ones, when the rollout's record names a resume or promote made after it began, or
+    with O(reset_history=true).
   - "The RV(decision) says what the rollout does now: V(continue) (evaluate again later),
     V(complete) (the hold, extended by the time spent in V(hold), is over and this evaluation
     passed), V(rollback) (a failure limit was hit), V(pause) (evaluations stayed inconclusive
     beyond O(max_holds) or O(max_hold_extension): a person must decide). V(rollback) and
-    V(pause) stay the decision of the stage until its history is reset."
+    V(pause) stay the decision of the stage until its history starts afresh (a person's resume
+    or promote)."
   - "Queries may use placeholders: C(${window}) (O(window)), C(${stage_start}) (Unix seconds of
     the hold start, for the C(@) modifier), C(${stage_elapsed}) (seconds since the hold start,
     as a range such as C(3600s)) and C(${stage_nodes}) (O(stage_nodes) as a regular expression
@@ -158,7 +160,10 @@ options:
     default: 2h
   reset_history:
     description:
-      - Start the stage's history afresh, for example after a person resumed a paused rollout.
+      - Start the stage's history afresh.
+      - Not needed after a person's decision recorded in the rollout's record (O(record_key) or
+        O(record_path)). A resume or promote made after the stored history began, from any shell
+        or controller, starts it afresh by itself.
     type: bool
     default: false
   interval:
@@ -433,6 +438,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api imp
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     default_actor,
+    last_decision_at,
     read_json_file,
     write_json_atomic,
 )
@@ -522,15 +528,22 @@ def run(params, check_mode):
     elif params.get("record_path"):
         records = FileRecords(params["record_path"])
     owner = (params.get("owner_scope"), params.get("owner_lease"))
-    stop = rollout_guard.standing(records, store, params.get("epoch"), params["stage"], owner)
+    stop, record = rollout_guard.standing_and_record(
+        records, store, params.get("epoch"), params["stage"], owner
+    )
     if stop is not None:
         return _stopped(params, stop, now)
 
     stored = read_json_file(params["state_file"])
+    # A resume or promote recorded since the history began gives it a fresh start.
+    decided_at = last_decision_at(record) if record else None
     if params["reset_history"]:
-        history, replaced = new_history(params["rollout_id"], params["stage"]), stored is not None
+        history = new_history(params["rollout_id"], params["stage"], decided_at)
+        replaced = stored is not None
     else:
-        history, replaced = history_for_stage(stored, params["rollout_id"], params["stage"])
+        history, replaced = history_for_stage(
+            stored, params["rollout_id"], params["stage"], decided_at
+        )
 
     evaluation = evaluate_gates(
         gates,

@@ -67,11 +67,34 @@ options:
     description:
       - For O(action=step), where the run decides. V(wave) the wave's record as read before its
         stages (a paused, rolled back or aborted wave stops the run); V(request) a person's
-        decision O(request); V(verdict) the end of a hold, with the gates' last result
+        decision O(request); V(confirmed) the wave's nodes read back their routes (O(reads),
+        O(routes)), each node's read-back is recorded, and a node that misses the stage's weight
+        or cohort stops the run before the hold; V(measured) the router's counters read again
+        once traffic flowed (O(reads), against O(readbacks)), each node's measured split is
+        recorded, and a node off the weight, or with too few connections (O(split)), stops the
+        run before the hold; V(verdict) the end of a hold, with the gates' last result
         O(verdict); V(stage_end) a stage that held (or had no hold), with O(hold_s), O(weight)
         and O(pause_after_weight).
     type: str
-    choices: [wave, request, verdict, stage_end]
+    choices: [wave, request, confirmed, measured, verdict, stage_end]
+  reads:
+    description:
+      - For O(point=confirmed) and O(point=measured), node name to the routes its
+        C(routes) its M(zerolayer.fleet.route_info) returned.
+    type: dict
+  readbacks:
+    description: For O(point=measured), node name to the routes read back at O(point=confirmed).
+    type: dict
+  routes:
+    description: For O(point=confirmed) and O(point=measured), the names of the rollout's routes.
+    type: list
+    elements: str
+  split:
+    description:
+      - For O(point=measured), how a split is judged, C(canary_split_*) -- C(min_connections),
+        C(sigmas), C(floor_pct) -- and C(wait_s), the time the counters were given (for the
+        message).
+    type: dict
   request:
     description: For O(point=request), the person's decision (canary_action).
     type: str
@@ -340,14 +363,10 @@ step:
     rollback:
       description: Empty, or C(kind) and C(reason) of the fast rollback to run now.
       type: dict
-    reset_history:
-      description: The stage's gates start a fresh history (after a person's decision).
-      type: bool
   sample:
     changes: [{action: pause, reason: paused by request (canary_action=pause)}]
     halt: {kind: paused, failed: false, wave: canary, message: "Rollout r1:canary paused..."}
     rollback: {}
-    reset_history: false
 lagging_nodes:
   description: Nodes whose confirmed weight is not the current stage's weight.
   returned: always
@@ -441,7 +460,9 @@ def run(params, check_mode):
                 raise FleetError(
                     "no rollout record yet; run action=plan first", {"field": "action"}
                 )
-            decided = rollout_steps.decide(params["point"], params, rollout.summary(before, now))
+            decided = rollout_steps.decide(
+                params["point"], params, rollout.summary(before, now), before
+            )
             after, changed = before, False
             for change in decided["changes"]:
                 after, done = rollout.apply(after, change["action"], change, now, actor)
@@ -498,6 +519,10 @@ def main():
             record=dict(type="dict"),
             actor=dict(type="str"),
             point=dict(type="str", choices=list(rollout_steps.POINTS)),
+            reads=dict(type="dict"),
+            readbacks=dict(type="dict"),
+            routes=dict(type="list", elements="str"),
+            split=dict(type="dict"),
             request=dict(type="str", choices=list(rollout_steps.REQUESTS)),
             wave=dict(type="str"),
             wave_id=dict(type="str"),
@@ -514,6 +539,8 @@ def main():
             ("action", "sync", ["record", "path"]),
             ("action", "step", ["point", "wave", "wave_id"]),
             ("point", "request", ["request"]),
+            ("point", "confirmed", ["reads", "routes"]),
+            ("point", "measured", ["reads", "readbacks", "routes", "split"]),
             ("point", "verdict", ["verdict", "stage", "weight"]),
             ("point", "stage_end", ["hold_s", "weight"]),
         ],

@@ -35,10 +35,11 @@ TWO_WAVES = json.dumps(
 
 
 def recap(output):
-    """{host: {ok, changed, failed, ...}} from the PLAY RECAP."""
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP (a task-time profile after it,
+    ZEROLAYER_PLAYBOOK_LOGS, has lines of the same shape without the counts)."""
     counts = {}
     for line in output.split("PLAY RECAP", 1)[-1].splitlines():
-        match = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        match = re.match(r"^(\S+)\s+:\s+(ok=\d+.*)$", line.strip())
         if match:
             counts[match.group(1)] = {
                 key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(2))
@@ -88,6 +89,27 @@ def test_bad_schedule_or_gates_change_nothing(fleet, records, baseline):
 
     assert fleet.weights() == before, "weights or generations changed"
     assert not list(records.glob("**/*.json")), "a record was written"
+
+
+def test_a_split_without_traffic_stops_the_run_before_the_hold_and_reports_why(
+    fleet, records, baseline
+):
+    """No load and a split check that wants 100 new connections in 2 s: the read-back passes,
+    the split does not, and the run stops the way a pause does: the split is in the record,
+    no hold started, the next wave is untouched, the rollout's report names the stop, and
+    the run fails with the message naming the nodes."""
+    run = fleet.canary("no-split", records, "-e", TWO_WAVES, "-e", "canary_split_wait=2")
+    assert run.returncode != 0
+    stopped = "Measured split not confirmed at stage 1 of wave wave_canary"
+    assert stopped in run.stdout, run.stdout[-4000:]
+    kept = record(records, "no-split", "wave_canary")
+    assert (kept["outcome"], kept["stage"]["status"]) == ("running", "started"), kept["stage"]
+    splits = kept["splits"]["0"]
+    assert splits and not any(split["ok"] for split in splits.values()), splits
+    assert set(kept["nodes"]) == set(splits), "every node read back, then was measured"
+    assert not (records / "no-split" / "wave_rest.json").exists(), "the next wave never planned"
+    report = json.loads((records / "report-no-split.json").read_text())
+    assert (report["stopped"]["kind"], report["stopped"]["wave"]) == ("split_off", "wave_canary")
 
 
 def test_pass_path_to_full_weight_then_rerun_changes_nothing(fleet, records, baseline, load):

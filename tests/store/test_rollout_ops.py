@@ -93,45 +93,32 @@ def test_the_gate_module_stops_a_runner_without_its_lease_and_reads_no_gate(stor
     planted(store)
     mine = store.acquire("gpu_nodes", {"host": "ctl-1", "pid": 11, "rollout_id": "chat-a"}, 10)
     store.client.revoke_lease(mine["lease"])
-    params = {
-        "prometheus_url": "http://127.0.0.1:9",
-        "timeout": 1,
-        "bearer_token": None,
-        "validate_certs": True,
-        "ca_path": None,
-        "gates": [{"name": "success_rate", "query": "up", "comparison": ">=", "threshold": 1}],
-        "window": "5m",
-        "state_file": str(tmp_path / "gates.json"),
-        "rollout_id": "chat-a:wave_canary",
-        "stage": 0,
-        "weight": 1,
-        "hold": 60,
-        "stage_nodes": ["zl-node-01"],
-        "hold_started_at": None,
-        "consecutive_failure_limit": 3,
-        "failure_limit": 5,
-        "max_holds": 60,
-        "max_hold_extension": "2h",
-        "reset_history": False,
-        "interval": 10,
-        "record_path": None,
-        "record_key": "chat-a/wave_canary",
-        "epoch": 0,
-        "owner_scope": "gpu_nodes",
-        "owner_lease": mine["lease"],
-        "store_timeout": 3.0,
-        "endpoints": store.client.endpoints,
-        "ca_file": None,
-        "cert_file": None,
-        "key_file": None,
-        "user": None,
-        "password_file": None,
-        "prefix": store.prefix,
-    }
+    params = gate_params(
+        store, tmp_path, owner_scope="gpu_nodes", owner_lease=mine["lease"], epoch=0
+    )
     result = canary_gate.run(params, check_mode=False)
     assert (result["decision"], result["gates"]) == ("owner_lost", [])
     assert "no longer owns scope gpu_nodes" in result["decision_reason"]
     assert not (tmp_path / "gates.json").exists(), "no history written"
+
+
+def test_a_resume_from_the_command_line_gives_the_runner_a_fresh_gate_history(store, tmp_path):
+    """A pause latched by the gates (max_holds) stays the stage's decision until a person
+    resumes; the resume made by `zerolayer rollout resume`, in the store's record, starts the
+    history afresh at the runner's next evaluation: the runner needs no flag of its own."""
+    from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
+
+    planted(store)
+    params = gate_params(store, tmp_path, max_holds=0)
+    latched = canary_gate.run(params, check_mode=False)
+    assert latched["decision"] == "pause", latched
+    assert canary_gate.run(params, check_mode=False)["decision"] == "pause", "latched"
+    rollout_ops.pause(store, "chat-a", latched["decision_reason"], "runner@ctl")
+    rollout_ops.resume(store, "chat-a", "Prometheus is back", "oncall@laptop")
+    fresh = canary_gate.run(dict(params, max_holds=5), check_mode=False)
+    assert (fresh["decision"], fresh["history_reset"], fresh["holds"]) == ("continue", True, 1)
+    kept = canary_gate.run(dict(params, max_holds=5), check_mode=False)
+    assert (kept["history_reset"], kept["holds"]) == (False, 2)
 
 
 def test_resume_of_a_fenced_rollout_is_refused_and_changes_nothing(store):
@@ -573,3 +560,45 @@ def test_the_records_module_marks_in_check_mode_nothing_and_then_the_superseded(
     args["fence_epoch"] = 0
     bad = run_module("rollout_records", etcd_url, store.prefix, **args)
     assert bad["failed"] is True and "fence_epoch must be a whole number >= 1" in bad["msg"]
+
+
+def gate_params(store, tmp_path, **overrides):
+    """canary_gate's parameters for wave_canary's stage 1 of chat-a, reading its record in the
+    store; Prometheus is a closed port, so every gate holds (unreachable)."""
+    params = {
+        "prometheus_url": "http://127.0.0.1:9",
+        "timeout": 1,
+        "bearer_token": None,
+        "validate_certs": True,
+        "ca_path": None,
+        "gates": [{"name": "success_rate", "query": "up", "comparison": ">=", "threshold": 1}],
+        "window": "5m",
+        "state_file": str(tmp_path / "gates.json"),
+        "rollout_id": "chat-a:wave_canary",
+        "stage": 0,
+        "weight": 1,
+        "hold": 60,
+        "stage_nodes": ["zl-node-01"],
+        "hold_started_at": None,
+        "consecutive_failure_limit": 3,
+        "failure_limit": 5,
+        "max_holds": 60,
+        "max_hold_extension": "2h",
+        "reset_history": False,
+        "interval": 10,
+        "record_path": None,
+        "record_key": "chat-a/wave_canary",
+        "epoch": None,
+        "owner_scope": None,
+        "owner_lease": None,
+        "store_timeout": 3.0,
+        "endpoints": store.client.endpoints,
+        "ca_file": None,
+        "cert_file": None,
+        "key_file": None,
+        "user": None,
+        "password_file": None,
+        "prefix": store.prefix,
+    }
+    params.update(overrides)
+    return params

@@ -44,6 +44,17 @@ def state(plugin, record, seconds):
     plugin.v2_runner_on_ok(result("rollout_state", data))
 
 
+def measured(plugin, record, split):
+    """The canary's step at point=measured, as rollout_state returns it."""
+    changes = [{"action": "split_measured", "splits": split}]
+    data = {
+        "record": record,
+        "summary": r.summary(record, at(0)),
+        "step": {"changes": changes, "halt": {}, "rollback": {}},
+    }
+    plugin.v2_runner_on_ok(result("rollout_state", data))
+
+
 def final_report(plugin):
     """(every line shown, the stage table's lines) once the play has ended."""
     plugin.v2_playbook_on_stats(None)
@@ -61,7 +72,7 @@ def test_the_final_report_ends_with_the_stage_table_and_the_measured_split():
         "zl-node-01": {"ok": True, "measured_pct": 1.1, "low_pct": 0.5, "high_pct": 1.6,
                        "connections": 400},
     }  # fmt: skip
-    plugin.v2_runner_on_ok(result("set_fact", {"ansible_facts": {"_canary_measured_split": split}}))
+    measured(plugin, record, split)
     record, _c = r.apply(record, "hold_started", {}, at(20), ME)
     verdict = {"verdict": "pass", "decision": "complete", "reason": "all 1 gates passed"}
     record, _c = r.apply(record, "verdict", {"verdict": verdict}, at(80), ME)
@@ -138,7 +149,7 @@ def test_a_cohort_stage_is_shown_as_its_cohort_with_the_opt_in_connections():
     record, _c = r.apply(record, "stage_started", {"stage": 0}, at(10), ME)
     state(plugin, record, 10)
     split = {"zl-node-01": cohort_split(200), "zl-node-02": cohort_split(212)}
-    plugin.v2_runner_on_ok(result("set_fact", {"ansible_facts": {"_canary_measured_split": split}}))
+    measured(plugin, record, split)
     assert plugin._display.lines[-1] == (
         "[zerolayer] wave wave_canary | stage 1/3 | cohort (2 prefixes) at weight 0"
         " | weight confirmed | opt-in 412 conn. (zl-node-01 200, zl-node-02 212)"

@@ -637,6 +637,32 @@ def test_history_of_another_stage_or_rollout_starts_afresh():
     assert replaced is False
 
 
+def test_a_persons_decision_after_the_history_began_starts_it_afresh():
+    """The record's latest resume or promote (decided_at) is part of the history's identity:
+    the same decision keeps it, a later one gives the stage a fresh budget and no latch."""
+    history, outcomes = run_stage(["hold", "hold"], hold_s=0, lim=limits(max_holds=1))
+    assert outcomes[-1]["decision"] == "pause" and history["decided_at"] is None
+    kept, replaced = g.history_for_stage(history, "r1", 0, decided_at=None)
+    assert (kept["latched"]["decision"], replaced) == ("pause", False)
+    resumed_at = clock.format_timestamp(at(900))
+    fresh, replaced = g.history_for_stage(history, "r1", 0, decided_at=resumed_at)
+    assert (fresh["latched"], fresh["holds"], fresh["decided_at"], replaced) == (
+        None,
+        0,
+        resumed_at,
+        True,
+    )
+    again, replaced = g.history_for_stage(fresh, "r1", 0, decided_at=resumed_at)
+    assert (again["decided_at"], replaced) == (resumed_at, False)
+
+
+def test_a_history_written_before_decided_at_was_kept_is_reused_without_a_decision():
+    history, _outcomes = run_stage(["fail"])
+    del history["decided_at"]
+    kept, replaced = g.history_for_stage(history, "r1", 0)
+    assert (kept["failures"], replaced) == (1, False)
+
+
 def test_history_survives_a_json_round_trip():
     history, _outcomes = run_stage(["hold", "fail"])
     restored = json.loads(json.dumps(history))

@@ -6,7 +6,10 @@ import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import parse_duration
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
+    format_timestamp,
+    parse_duration,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 
@@ -502,6 +505,10 @@ def params(path, action, **extra):
             "wave_id",
             "weight",
             "hold_s",
+            "reads",
+            "readbacks",
+            "routes",
+            "split",
         )
     }
     values.update(
@@ -686,3 +693,17 @@ def test_progress_state_counts_from_the_last_record_write():
     assert r.progress_state(record, False, at(10_000), fence_epoch=1)["stuck"] is True
     fenced = r.progress_state(record, False, at(10_000), fence_epoch=2)
     assert fenced["stuck"] is False, "a rollback since put its nodes at 0: fenced, not stuck"
+
+
+def test_the_last_decision_is_the_latest_resume_or_promote_and_nothing_else():
+    record = planned()
+    assert r.last_decision_at(record) is None
+    record, _c = r.apply(record, "stage_started", {"stage": 0}, at(10), "ci")
+    record, _c = r.apply(record, "pause", {"reason": "look"}, at(20), "ci")
+    assert r.last_decision_at(record) is None, "a pause is no fresh start"
+    record, _c = r.apply(record, "resume", {"reason": "go"}, at(30), "ci")
+    assert r.last_decision_at(record) == format_timestamp(at(30))
+    record, _c = r.apply(record, "promote", {"reason": "enough"}, at(40), "ci")
+    assert r.last_decision_at(record) == format_timestamp(at(40))
+    record, _c = r.apply(record, "stage_started", {"stage": 1}, at(50), "ci")
+    assert r.last_decision_at(record) == format_timestamp(at(40))

@@ -1,9 +1,11 @@
 """Every transition of the rollout's state machine (module_utils/rollout_steps.py), and the
 module's action=step making a step's record changes in one write."""
 
+import datetime
 import json
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_steps as s
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
@@ -12,6 +14,7 @@ from .test_rollout import params as rollout_params
 
 WAVE = "canary"
 WAVE_ID = "r1:canary"
+T0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
 
 
 def actions(step):
@@ -69,16 +72,16 @@ def test_pause_is_recorded_and_stops_the_run_without_failing_it():
         {"action": "pause", "reason": "paused by request (canary_action=pause)"}
     ]
     assert (step["halt"]["kind"], step["halt"]["failed"]) == ("paused", False)
-    assert step["rollback"] == {} and not step["reset_history"]
+    assert step["rollback"] == {}
 
 
 @pytest.mark.parametrize("request_", ["resume", "promote", "promote_full"])
-def test_resume_and_promote_are_recorded_and_start_a_fresh_gate_history(request_):
+def test_resume_and_promote_are_recorded_and_the_run_carries_on(request_):
     step = s.on_request(request_, WAVE_ID, WAVE)
     assert step["changes"] == [
         {"action": request_, "reason": "by request (canary_action=%s)" % request_}
     ]
-    assert step["reset_history"] and step["halt"] == {} and step["rollback"] == {}
+    assert step["halt"] == {} and step["rollback"] == {}
 
 
 def test_abort_is_recorded_then_rolls_back_at_once():
@@ -188,6 +191,89 @@ def test_a_stage_ends_closed_when_it_had_no_hold_and_paused_where_planned(
         assert "paused after the %g%% stage as planned" % weight in step["halt"]["message"]
 
 
+# ---------------------------------------------------------------- the read-back
+
+
+def started(schedule):
+    """A wave's record at its first stage, started."""
+    record, _c, _n = rollout.plan(None, WAVE_ID, schedule, None, False, T0, "ci")
+    record, _c = rollout.apply(record, "stage_started", {"stage": 0}, T0, "ci")
+    return record
+
+
+def read(name="chat", weight=5, generation=3, always_direct=None):
+    """One route as route_info returns it."""
+    return {
+        "name": name,
+        "weight": weight,
+        "weight_bp": round(weight * 100),
+        "generation": generation,
+        "always_direct": always_direct or [],
+    }
+
+
+AT_5 = [{"weight": 5, "hold": 60}, {"weight": 100}]
+COHORT = ["192.0.2.0/28"]
+WITH_COHORT = [{"cohort": COHORT, "hold": 60}, {"weight": 100}]
+
+
+def test_every_node_at_the_weight_is_recorded_by_its_first_route_and_the_run_carries_on():
+    reads = {"n1": [read(), read("embed", generation=9)], "n2": [read(generation=4)]}
+    step = s.at_confirmed(started(AT_5), reads, ["chat"], WAVE)
+    assert step["changes"] == [
+        {
+            "action": "weight_confirmed",
+            "nodes": {"n1": {"generation": 3, "weight": 5}, "n2": {"generation": 4, "weight": 5}},
+        }
+    ]
+    assert step["halt"] == {} and step["rollback"] == {}
+
+
+@pytest.mark.parametrize(
+    "n2_read, why",
+    [
+        ([read(weight=1)], "another weight"),
+        ([], "no route"),
+        ([read()], "one of two routes"),
+    ],
+)
+def test_a_node_that_missed_the_weight_is_recorded_and_stops_the_run_before_the_hold(n2_read, why):
+    routes = ["chat", "embed"] if why == "one of two routes" else ["chat"]
+    n1_read = [read(), read("embed")] if len(routes) == 2 else [read()]
+    step = s.at_confirmed(started(AT_5), {"n1": n1_read, "n2": n2_read}, routes, WAVE)
+    confirmed = step["changes"][0]["nodes"]
+    assert ("n2" in confirmed) is bool(n2_read), why
+    halt = step["halt"]
+    assert (halt["kind"], halt["failed"], halt["wave"]) == ("lagging", True, WAVE)
+    assert halt["message"].startswith(
+        "Nodes lagging at stage 1 of wave canary: every route must read back 5%; read back: n2 "
+    )
+    assert "n1" not in halt["message"].split("read back:")[1], "n1 took the weight"
+    assert halt["message"].endswith(
+        "The stage did not start its hold; re-run to try again, or roll back."
+    )
+
+
+def test_a_cohort_stage_needs_its_cohort_on_every_route():
+    reads = {"n1": [read(weight=0, always_direct=COHORT)], "n2": [read(weight=0)]}
+    halt = s.at_confirmed(started(WITH_COHORT), reads, ["chat"], WAVE)["halt"]
+    assert (
+        "must read back 0% with always_direct 192.0.2.0/28; read back: n2 {'chat': 0}"
+        in (halt["message"])
+    )
+
+
+def test_a_node_confirmed_earlier_and_left_out_of_this_run_stops_it():
+    """--limit, or a node gone from the wave: its confirmation is an earlier stage's."""
+    record = started(AT_5)
+    record, _c = rollout.apply(
+        record, "weight_confirmed", {"nodes": {"n3": {"generation": 1, "weight": 1}}}, T0, "ci"
+    )
+    record["nodes"]["n3"]["stage"] = -1
+    halt = s.at_confirmed(record, {"n1": [read()]}, ["chat"], WAVE)["halt"]
+    assert halt["kind"] == "lagging" and "read back: n3 not read by this run." in halt["message"]
+
+
 def test_an_unknown_point_names_the_field():
     with pytest.raises(FleetError) as caught:
         s.decide("hold", {}, None)
@@ -255,3 +341,34 @@ def test_a_step_needs_a_record(tmp_path):
     with pytest.raises(FleetError) as caught:
         rollout_state.run(params(tmp_path / "none.json", "step", point="wave"), False)
     assert caught.value.details["field"] == "action"
+
+
+def test_the_module_records_the_read_back_and_the_split_each_in_one_write(tmp_path):
+    """point=confirmed then point=measured on a record file: the record keeps each node's
+    confirmation and measured split; a split off stops the run, naming the node."""
+    path = tmp_path / "canary.json"
+    holding_record(path)
+    readbacks = {"n1": [dict(read(), counters={"lookups": 0, "to_engine": 0})]}
+    confirmed = rollout_state.run(
+        params(path, "step", point="confirmed", reads=readbacks, routes=["chat"]), False
+    )
+    assert confirmed["changed"] and confirmed["step"]["halt"] == {}
+    assert json.loads(path.read_text())["nodes"]["n1"]["generation"] == 3
+    after = {"n1": [dict(read(), counters={"lookups": 1000, "to_engine": 300})]}
+    split = {"min_connections": 100, "sigmas": 4, "floor_pct": 0.5, "wait_s": 30}
+    measured = rollout_state.run(
+        params(
+            path,
+            "step",
+            point="measured",
+            readbacks=readbacks,
+            reads=after,
+            routes=["chat"],
+            split=split,
+        ),
+        False,
+    )
+    assert measured["step"]["halt"]["kind"] == "split_off", measured["step"]
+    kept = json.loads(path.read_text())
+    assert kept["splits"]["0"]["n1"]["ok"] is False
+    assert kept["splits"]["0"]["n1"]["measured_pct"] == 30.0

@@ -1,26 +1,19 @@
-"""The canary's measured split (playbooks/tasks/canary_confirm.yml) over routes that hash by
-client (each client address at the weight is one draw, not each connection) and over routes
-with cohorts (their connections do not follow the weight; a cohort stage is confirmed by
-them). The task file's own read-back and split tasks run in one local ansible-playbook, on
-route_info results made up for each case.
+"""The canary's measured split (rollout_steps.at_measured, the step the canary takes once
+traffic flowed) over routes that hash by client (each client address at the weight is one
+draw, not each connection) and over routes with cohorts (their connections do not follow the
+weight; a cohort stage is confirmed by them), on route_info results made up for each case;
+and the step that the split implies: recorded, and a stop before the hold when it is off.
 """
 
-import json
-from pathlib import Path
+import datetime
 
 import pytest
-import yaml
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_steps as s
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
-from unit.helpers.local_playbook import run_local_playbook
-
-REPO = Path(__file__).resolve().parents[4]
-CONFIRM = REPO / "playbooks/tasks/canary_confirm.yml"
-TASKS = ("Note what each node read back", "Work out each node's measured split")
-SETTINGS = {
-    "canary_split_min_connections": 200,
-    "canary_split_sigmas": 4,
-    "canary_split_floor_pct": 0.5,
-}
+T0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc)
+SPLIT = {"min_connections": 200, "sigmas": 4, "floor_pct": 0.5, "wait_s": 60}
 
 
 def route(name, lookups, to_engine, clients=None, opt_in=0, opt_out=0, weight=50):
@@ -94,45 +87,27 @@ CASES = {
 }
 
 
+def staged(cohort_stage):
+    """A wave's record at its first stage, started: the cohort stage, or 50 %."""
+    first = {"cohort": COHORT, "hold": 60} if cohort_stage else {"weight": 50, "hold": 60}
+    schedule = [first, {"weight": 100}]
+    record, _c, _n = rollout.plan(None, "r1:canary", schedule, None, False, T0, "ci")
+    record, _c = rollout.apply(record, "stage_started", {"stage": 0}, T0, "ci")
+    return record
+
+
+def measured(case):
+    read_back, after = CASES[case]
+    names = [r["name"] for r in read_back]
+    return s.at_measured(
+        staged(case in COHORT_CASES), {"n1": read_back}, {"n1": after}, names, SPLIT, "canary"
+    )
+
+
 @pytest.fixture(scope="module")
-def splits(tmp_path_factory):
-    """{case: _canary_node_split}, worked out by the task file's own tasks."""
-    work = tmp_path_factory.mktemp("canary-split")
-    confirm = yaml.safe_load(CONFIRM.read_text())
-    tasks = {task["name"]: task for task in confirm if task["name"] in TASKS}
-    plays = []
-    for case, (read_back, measured) in CASES.items():
-        steps = [{k: v for k, v in tasks[name].items() if k != "when"} for name in TASKS]
-        steps.append(
-            {
-                "name": "Keep the split of " + case,
-                "ansible.builtin.copy": {
-                    "content": "{{ _canary_node_split | to_json }}",
-                    "dest": str(work / (case + ".json")),
-                    "mode": "0600",
-                },
-            }
-        )
-        plays.append(
-            {
-                "name": "Split of " + case,
-                "hosts": "localhost",
-                "connection": "local",
-                "gather_facts": False,
-                "vars": {
-                    **SETTINGS,
-                    "canary_routes": [r["name"] for r in read_back],
-                    "_canary_weight": 0 if case in COHORT_CASES else 50,
-                    "_canary_weight_bp": 0 if case in COHORT_CASES else 5000,
-                    "_canary_cohort": COHORT if case in COHORT_CASES else None,
-                    "_canary_readback": {"routes": read_back},
-                    "_canary_split_read": {"routes": measured},
-                },
-                "tasks": steps,
-            }
-        )
-    run_local_playbook(plays, work, "split.yml")
-    return {case: json.loads((work / (case + ".json")).read_text()) for case in CASES}
+def splits():
+    """{case: the node's measured split}, as the step records it."""
+    return {case: measured(case)["changes"][0]["splits"]["n1"] for case in CASES}
 
 
 def test_connection_hash_routes_are_judged_by_their_connections_as_before(splits):
@@ -198,3 +173,34 @@ def test_a_client_hash_route_at_a_cohort_stage_counts_its_addresses_on_the_proxy
     split = splits["cohort_by_client"]
     assert split["ok"] is True, split
     assert (split["addresses"], split["to_engine"], split["opt_in"]) == (7, 0, 250), split
+
+
+def test_a_split_within_range_is_recorded_and_the_run_carries_on():
+    step = measured("by_connection")
+    assert [change["action"] for change in step["changes"]] == ["split_measured"]
+    assert step["halt"] == {} and step["rollback"] == {}
+
+
+def test_a_split_off_is_recorded_then_stops_the_run_before_the_hold_naming_the_node():
+    step = measured("by_client_off")
+    assert [change["action"] for change in step["changes"]] == ["split_measured"]
+    halt = step["halt"]
+    assert (halt["kind"], halt["failed"], halt["wave"]) == ("split_off", True, "canary")
+    assert halt["message"].startswith(
+        "Measured split not confirmed at stage 1 of wave canary (weight 50%, within 60 s): n1: "
+    )
+    assert halt["message"].endswith(
+        "The hold did not start; re-run to measure again, or roll back."
+    )
+
+
+def test_a_cohort_stage_off_names_its_cohort():
+    halt = measured("cohort_too_little")["halt"]
+    assert "(weight 0%, cohort 192.0.2.0/28, within 60 s)" in halt["message"], halt
+
+
+def test_the_split_settings_are_named_when_one_is_missing():
+    with pytest.raises(FleetError) as missing:
+        s.at_measured(staged(False), {}, {}, ["chat"], {"sigmas": 4}, "canary")
+    assert missing.value.details == {"field": "split"}
+    assert "missing min_connections, floor_pct, wait_s" in missing.value.message
