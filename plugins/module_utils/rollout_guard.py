@@ -118,8 +118,3 @@ def standing_and_record(records, store, epoch, stage=None, owner=None):
         return stop, None
     record, unreadable = read_record(records)
     return unreadable or record_standing(record, stage), record
-
-
-def standing(records, store, epoch, stage=None, owner=None):
-    """The stop of standing_and_record() alone."""
-    return standing_and_record(records, store, epoch, stage, owner)[0]

@@ -24,15 +24,21 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records im
 from .adhoc import run_module
 from .planted_records import SCHEDULE, T0, completed, planted, record_of
 
+
+def standing(records, store, epoch, stage=None, owner=None):
+    """What stops the runner (rollout_guard's stop without the record it read)."""
+    return rollout_guard.standing_and_record(records, store, epoch, stage, owner)[0]
+
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def test_pause_is_seen_by_the_runner_at_its_next_evaluation(store):
     planted(store)
     runner_view = StoreRecords(store, "chat-a/wave_canary")
-    assert rollout_guard.standing(runner_view, store, 0, stage=0) is None
+    assert standing(runner_view, store, 0, stage=0) is None
     rollout_ops.pause(store, "chat-a", "look at the p99 page", "oncall@laptop")
-    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0)
+    decision, reason = standing(runner_view, store, 0, stage=0)
     assert decision == "paused" and "oncall@laptop" in reason and "p99 page" in reason
     assert record_of(store, "chat-a/wave_rest")["outcome"] == "paused", "every wave in progress"
 
@@ -40,9 +46,7 @@ def test_pause_is_seen_by_the_runner_at_its_next_evaluation(store):
 def test_promote_ends_the_hold_for_the_runner(store):
     planted(store)
     rollout_ops.promote(store, "chat-a", "enough data", "oncall@laptop")
-    decision, reason = rollout_guard.standing(
-        StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0
-    )
+    decision, reason = standing(StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0)
     assert decision == "complete" and "promote by oncall@laptop" in reason
     assert record_of(store, "chat-a/wave_rest")["stage"]["status"] == "pending", "one wave only"
 
@@ -50,9 +54,7 @@ def test_promote_ends_the_hold_for_the_runner(store):
 def test_promote_full_moves_every_wave_and_stops_the_runner(store):
     planted(store)
     rollout_ops.promote(store, "chat-a", "go", "oncall@laptop", full=True)
-    decision, _reason = rollout_guard.standing(
-        StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0
-    )
+    decision, _reason = standing(StoreRecords(store, "chat-a/wave_canary"), store, 0, stage=0)
     assert decision == "moved"
     assert {
         record_of(store, "chat-a/%s" % w)["stage"]["index"] for w in ("wave_canary", "wave_rest")
@@ -62,9 +64,7 @@ def test_promote_full_moves_every_wave_and_stops_the_runner(store):
 def test_a_raised_fence_stops_the_runner_whatever_its_rollout_id(store):
     planted(store, "chat-b")
     store.raise_fence("fast", "p99 page", "oncall@laptop")
-    decision, reason = rollout_guard.standing(
-        StoreRecords(store, "chat-b/wave_canary"), store, 0, stage=0
-    )
+    decision, reason = standing(StoreRecords(store, "chat-b/wave_canary"), store, 0, stage=0)
     assert decision == "fenced" and "from 0 to 1" in reason and "p99 page" in reason
 
 
@@ -76,12 +76,12 @@ def test_a_runner_whose_lease_lapsed_stops_at_its_next_evaluation(store):
     runner_view = StoreRecords(store, "chat-a/wave_canary")
     mine = store.acquire("gpu_nodes", {"host": "ctl-1", "pid": 11, "rollout_id": "chat-a"}, 10)
     owner = ("gpu_nodes", mine["lease"])
-    assert rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner) is None
+    assert standing(runner_view, store, 0, stage=0, owner=owner) is None
     store.client.revoke_lease(mine["lease"])
-    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner)
+    decision, reason = standing(runner_view, store, 0, stage=0, owner=owner)
     assert decision == "owner_lost" and "nobody holds it now" in reason
     store.acquire("gpu_nodes", {"host": "ctl-2", "pid": 22, "rollout_id": "chat-b"}, 10)
-    decision, reason = rollout_guard.standing(runner_view, store, 0, stage=0, owner=owner)
+    decision, reason = standing(runner_view, store, 0, stage=0, owner=owner)
     assert decision == "owner_lost" and "host ctl-2, pid 22, rollout chat-b" in reason
 
 
