@@ -280,7 +280,7 @@ def _rollback_times(record):
 
 
 def rollout_from_record(record):
-    """The exported view of a decoded rollout record (rollout.decode_record)."""
+    """The exported view of a decoded rollout record (record_codec.decode_record)."""
     stage = record["stage"]
     index = stage["index"]
     schedule = record["schedule"]
@@ -313,7 +313,9 @@ def read_rollout(path):
     reason goes to "error".
     """
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import read_record
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_codec import (
+        read_record,
+    )
 
     try:
         record = read_record(path)

@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import copy
 import getpass
-import json
 import os
-import re
 import socket
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.atomic_files import (
-    write_text_atomic,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     DURATION_ALLOWED,
     format_timestamp,
@@ -29,6 +24,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     seconds_between,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_codec import (
+    RECORD_FORMAT,
+    validate_rollout_id,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     bp_to_percent,
     check_cohorts,
@@ -40,8 +39,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     validate_gates,
 )
 
-RECORD_FORMAT = 1
-OUTCOMES = ("running", "paused", "completed", "rolled_back", "aborted")
 FINISHED = ("completed", "rolled_back", "aborted")
 STAGE_STATUSES = ("pending", "started", "holding", "completed")
 ACTIONS = (
@@ -69,31 +66,10 @@ DEFAULT_SCHEDULE = (
     {"weight": 100, "hold": 0},
 )
 STAGE_KEYS = ("weight", "hold", "cohort")
-RECORD_KEYS = (
-    "format",
-    "rollout_id",
-    "outcome",
-    "schedule",
-    "stage",
-    "nodes",
-    "verdicts",
-    "transitions",
-)
 KEEP_VERDICTS = 500
-ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
 # ---------------------------------------------------------------- inputs
-
-
-def validate_rollout_id(value, field="rollout_id"):
-    if not isinstance(value, str) or not ROLLOUT_ID_PATTERN.match(value):
-        raise FleetError(
-            "%s must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with "
-            "a letter or digit; got %r" % (field, value),
-            {"field": field},
-        )
-    return value
 
 
 def _stage_weight(value, field):
@@ -888,72 +864,6 @@ def finish(record, outcome, reason, details, now, actor):
         record["outcome"] = outcome
     _transition(record, action, now, actor, reason=reason)
     return record, True
-
-
-# ---------------------------------------------------------------- codec
-
-
-def encode_record(record):
-    return json.dumps(record, indent=2, sort_keys=True) + "\n"
-
-
-def decode_record(text, source="record"):
-    """A record from JSON text; refuses anything that is not a rollout record of this format."""
-    try:
-        record = json.loads(text) if isinstance(text, str) else text
-    except ValueError as error:
-        raise FleetError("%s is not JSON: %s" % (source, error), {"field": "record"}) from None
-    if not isinstance(record, dict):
-        raise FleetError(
-            "%s must be a JSON object (a rollout record)" % source, {"field": "record"}
-        )
-    missing = [key for key in RECORD_KEYS if key not in record]
-    if missing:
-        raise FleetError(
-            "%s is not a rollout record: missing %s" % (source, ", ".join(missing)),
-            {"field": "record"},
-        )
-    if record["format"] != RECORD_FORMAT:
-        raise FleetError(
-            "%s has format %r; this collection reads format %d"
-            % (source, record["format"], RECORD_FORMAT),
-            {"field": "record"},
-        )
-    if record["outcome"] not in OUTCOMES:
-        raise FleetError(
-            "%s has outcome %r; allowed: %s" % (source, record["outcome"], ", ".join(OUTCOMES)),
-            {"field": "record"},
-        )
-    validate_rollout_id(record["rollout_id"], "record.rollout_id")
-    return record
-
-
-def read_json_file(path):
-    """The decoded JSON of a file, or None when the file does not exist."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise FleetError("cannot read %s: %s" % (path, error.strerror), {"path": path}) from None
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise FleetError("%s is not valid JSON: %s" % (path, error), {"path": path}) from None
-
-
-def read_record(path):
-    data = read_json_file(path)
-    return None if data is None else decode_record(data, path)
-
-
-def write_json_atomic(path, data):
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def write_record(path, record):
-    write_text_atomic(path, encode_record(record))
 
 
 def apply(record, action, params, now, actor):

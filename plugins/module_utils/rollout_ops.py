@@ -19,6 +19,7 @@ import os
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     parse_timestamp,
     utc_now,
@@ -46,7 +47,7 @@ def rollout_ids(store):
 
 def waves_of(store, rollout_id, wave=None):
     """{wave: record} of rollout_id; unknown ids and waves are refused, naming the known."""
-    rollout.validate_rollout_id(rollout_id)
+    record_codec.validate_rollout_id(rollout_id)
     found = {
         name.split("/", 1)[1]: record for name, record in list_records(store, rollout_id).items()
     }
@@ -457,7 +458,7 @@ def mark_rolled_back(
             "fence_epoch must be a whole number >= 1; got %r" % (fence_epoch,), "fence_epoch"
         )
     if rollout_id is not None:
-        rollout.validate_rollout_id(rollout_id)
+        record_codec.validate_rollout_id(rollout_id)
     result = {"marked": [], "unchanged": [], "not_marked": {}}
     now = utc_now()
     for key, record in sorted(list_records(store).items()):

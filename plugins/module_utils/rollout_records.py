@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
@@ -45,11 +45,11 @@ class FileRecords:
         self.where = path
 
     def read(self):
-        return rollout.read_record(self.where), None
+        return record_codec.read_record(self.where), None
 
     def write(self, record, _token):
         """Returns no events: a file has no history but the record's own transitions."""
-        rollout.write_record(self.where, record)
+        record_codec.write_record(self.where, record)
         return []
 
 
@@ -73,7 +73,8 @@ class StoreRecords:
         if kv is None:
             record, token = None, 0
         else:
-            record, token = rollout.decode_record(kv.value.decode(), self.where), kv.mod_revision
+            record = record_codec.decode_record(kv.value.decode(), self.where)
+            token = kv.mod_revision
         self._read = (token, record)
         return record, token
 
@@ -90,19 +91,19 @@ class StoreRecords:
         events = rollout_events.record_events(self.record_key, before, record)
         done, current = self.store.client.put_if(
             self.where,
-            rollout.encode_record(record),
+            record_codec.encode_record(record),
             token,
             also=rollout_events.record_event_keys(self.store, self.record_key, token, events),
         )
         if done:
             self._read = (None, None)
             if self.mirror:
-                rollout.write_record(self.mirror, record)
+                record_codec.write_record(self.mirror, record)
             return events
         other = {}
         if current is not None:
             try:
-                other = rollout.decode_record(current.value.decode(), self.where)
+                other = record_codec.decode_record(current.value.decode(), self.where)
             except FleetError:
                 other = {}
         last = (other.get("transitions") or [{}])[-1]
@@ -137,5 +138,5 @@ def list_records(store, rollout_id=None):
     found = {}
     for kv in store.client.get_prefix(prefix):
         name = kv.key[len(store.key("rollouts", "")) :]
-        found[name] = rollout.decode_record(kv.value.decode(), kv.key)
+        found[name] = record_codec.decode_record(kv.value.decode(), kv.key)
     return found

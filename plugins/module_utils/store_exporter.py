@@ -43,6 +43,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout,
     rollout_ops,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_timestamp,
@@ -281,7 +282,7 @@ def store_state(raw, now=None):
     wave_nodes = set()
     for record_key, value in sorted(raw["records"]):
         try:
-            record = rollout.decode_record(
+            record = record_codec.decode_record(
                 value.decode() if isinstance(value, bytes) else value, record_key
             )
             waves.append(wave_state(record_key, record, owners, now, fence_epoch))
@@ -443,7 +444,7 @@ def watch_deadlines(store, may_abort=False, now=None, actor=None):
     announced = []
     for record_key, value in sorted(raw["records"]):
         try:
-            record = rollout.decode_record(
+            record = record_codec.decode_record(
                 value.decode() if isinstance(value, bytes) else value, record_key
             )
             rollout_id = validate_record_key(record_key).split("/", 1)[0]

@@ -422,6 +422,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     FleetError,
     fail_module,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_codec import (
+    read_json_file,
+    write_json_atomic,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     Limits,
     evaluate_gates,
@@ -439,8 +443,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api imp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     default_actor,
     last_decision_at,
-    read_json_file,
-    write_json_atomic,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     FileRecords,

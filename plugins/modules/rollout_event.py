@@ -161,6 +161,7 @@ notifications:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     utc_now,
@@ -179,7 +180,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_stor
 
 def emit(params, check_mode):
     if params["rollout_id"] is not None:
-        rollout.validate_rollout_id(params["rollout_id"])
+        record_codec.validate_rollout_id(params["rollout_id"])
     entry = rollout_events.event(
         params["type"],
         params["rollout_id"],

@@ -399,6 +399,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_records,
     rollout_steps,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
@@ -434,8 +435,8 @@ def run(params, check_mode):
     decided = None
     if action == "sync":
         # A node's copy: always the file at path, whatever the controller's records are in.
-        after = rollout.decode_record(params["record"], "record")
-        before = rollout.read_json_file(path)
+        after = record_codec.decode_record(params["record"], "record")
+        before = record_codec.read_json_file(path)
         changed = before != after
     else:
         records = rollout_records.records_from_params(params)
@@ -472,7 +473,7 @@ def run(params, check_mode):
     events = []
     if changed and not check_mode:
         if records is None:
-            rollout.write_record(path, after)
+            record_codec.write_record(path, after)
         else:
             events = records.write(after, token)
     result = {

@@ -198,6 +198,7 @@ def store_exporter_text():
     if str(COLLECTIONS_PATH) not in sys.path:
         sys.path.insert(0, str(COLLECTIONS_PATH))
     from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, store_exporter
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 
     now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
     running, _changed, _note = rollout.plan(
@@ -219,9 +220,9 @@ def store_exporter_text():
             "fence": json.dumps({"epoch": 2}),
             "owners": [("gpu_nodes", json.dumps(owner), 25)],
             "records": [
-                ("dash-1/w1", rollout.encode_record(running)),
-                ("dash-1/w2", rollout.encode_record(paused)),
-                ("dash-0/w1", rollout.encode_record(ended)),
+                ("dash-1/w1", record_codec.encode_record(running)),
+                ("dash-1/w2", record_codec.encode_record(paused)),
+                ("dash-0/w1", record_codec.encode_record(ended)),
             ],
         }
     )

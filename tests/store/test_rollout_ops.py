@@ -16,6 +16,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils import (
     rollout_guard,
     rollout_ops,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
     StoreRecords,
@@ -473,7 +474,7 @@ def test_a_rollback_marks_the_superseded_records_from_the_store(store, tmp_path)
     planted(store, "chat-next", waves=("wave_all",), epoch=4)
     mirror = tmp_path / "chat-old" / "wave_all.json"
     mirror.parent.mkdir()
-    rollout.write_record(str(mirror), record_of(store, "chat-old/wave_all"))
+    record_codec.write_record(str(mirror), record_of(store, "chat-old/wave_all"))
     untouched = {
         key: record_of(store, key) for key in ("chat-next/wave_all", "chat-other/wave_all")
     }
@@ -497,7 +498,7 @@ def test_a_rollback_marks_the_superseded_records_from_the_store(store, tmp_path)
     assert record_of(store, "chat-now/wave_canary")["outcome"] == "rolled_back"
     for key, record in untouched.items():
         assert record_of(store, key) == record, key
-    assert rollout.read_record(str(mirror))["outcome"] == "rolled_back", "the copy follows"
+    assert record_codec.read_record(str(mirror))["outcome"] == "rolled_back", "the copy follows"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat-old"], "no copy created"
     # The aborted rollout's own rollback: it stays aborted and gains the rollback.
     assert mark("chat-stopped")["marked"] == ["chat-stopped/wave_all"]

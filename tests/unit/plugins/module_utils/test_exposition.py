@@ -11,6 +11,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 
 COUNTERS = {
     "lookups": 100,
@@ -233,7 +234,7 @@ def rolled_back(mode):
 
 def write(tmp_path, record):
     path = tmp_path / "rollout.json"
-    r.write_record(str(path), record)
+    record_codec.write_record(str(path), record)
     return str(path)
 
 
@@ -373,7 +374,7 @@ def test_reader_logs_a_problem_once_until_it_changes(tmp_path):
     reader()
     reader()
     assert len(logged) == 1 and "not valid JSON" in logged[0]
-    r.write_record(str(path), at_second_stage())
+    record_codec.write_record(str(path), at_second_stage())
     assert reader()["state"] == "ok"
     path.write_text("{not json")
     reader()
@@ -415,7 +416,7 @@ def test_the_record_is_read_on_every_scrape(tmp_path):
     reader = exposition.RolloutRecordReader(str(path), log=lambda line: None)
     handler = exposition.make_handler(None, lambda _layout: snapshot(), reader)
     assert samples(scrape(handler)[1])["zerolayer_rollout_stage"] == 0
-    r.write_record(str(path), rolled_back("deep"))
+    record_codec.write_record(str(path), rolled_back("deep"))
     found = samples(scrape(handler)[1])
     assert found["zerolayer_rollout_stage"] == 2
     assert found['zerolayer_rollout_rollback_timestamp_seconds{kind="deep"}'] == unix(900)

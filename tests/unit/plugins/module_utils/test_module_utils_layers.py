@@ -38,6 +38,16 @@ MOVED = {
     },
     "rollout": {
         "common.clock": ("parse_duration",),
+        # The record's file format, which a node reads without importing the rollout.
+        "common.record_codec": (
+            "validate_rollout_id",
+            "encode_record",
+            "decode_record",
+            "read_json_file",
+            "read_record",
+            "write_json_atomic",
+            "write_record",
+        ),
     },
     # What a stage's cohort is and how people read it: the events need it too.
     "stage_table": {

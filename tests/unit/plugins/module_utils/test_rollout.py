@@ -2,7 +2,6 @@
 
 import datetime
 import json
-import os
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
@@ -420,66 +419,6 @@ def test_actions_need_a_record():
     with pytest.raises(FleetError) as caught:
         r.apply(None, "pause", {}, at(0), ME)
     assert "action=plan" in caught.value.message
-
-
-# ---------------------------------------------------------------- codec and files
-
-
-def test_codec_round_trip(tmp_path):
-    record = holding()
-    path = tmp_path / "rollout.json"
-    r.write_record(str(path), record)
-    assert r.read_record(str(path)) == record
-    assert r.read_record(str(tmp_path / "missing.json")) is None
-
-
-@pytest.mark.parametrize(
-    ("text", "complaint"),
-    [
-        ("{", "not valid JSON"),
-        ("[]", "JSON object"),
-        ('{"format": 1}', "missing rollout_id"),
-    ],
-)
-def test_decode_refuses_what_is_not_a_record(tmp_path, text, complaint):
-    path = tmp_path / "rollout.json"
-    path.write_text(text)
-    with pytest.raises(FleetError) as caught:
-        r.read_record(str(path))
-    assert complaint in caught.value.message
-
-
-def test_decode_refuses_another_format_and_unknown_outcomes():
-    record = holding()
-    with pytest.raises(FleetError) as caught:
-        r.decode_record(dict(record, format=2))
-    assert "format 2" in caught.value.message
-    with pytest.raises(FleetError) as caught:
-        r.decode_record(dict(record, outcome="exploded"))
-    assert "running, paused, completed, rolled_back, aborted" in caught.value.message
-
-
-def test_atomic_write_replaces_and_leaves_no_temporary_file(tmp_path):
-    path = tmp_path / "state" / "gates.json"
-    r.write_json_atomic(str(path), {"n": 1})
-    r.write_json_atomic(str(path), {"n": 2})
-    assert json.loads(path.read_text()) == {"n": 2}
-    assert os.listdir(path.parent) == ["gates.json"]
-
-
-def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(tmp_path, monkeypatch):
-    path = tmp_path / "gates.json"
-    r.write_json_atomic(str(path), {"n": 1})
-
-    def refuse(source, target):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(r.os, "replace", refuse)
-    with pytest.raises(FleetError) as caught:
-        r.write_json_atomic(str(path), {"n": 2})
-    assert "No space left on device" in caught.value.message
-    assert json.loads(path.read_text()) == {"n": 1}
-    assert os.listdir(tmp_path) == ["gates.json"]
 
 
 # ---------------------------------------------------------------- the module's core

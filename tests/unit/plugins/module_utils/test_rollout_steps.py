@@ -298,9 +298,9 @@ def test_the_module_makes_a_steps_changes_in_one_write(tmp_path, monkeypatch):
     path = tmp_path / "canary.json"
     holding_record(path)
     writes = []
-    real_write = rollout_state.rollout.write_record
+    real_write = rollout_state.record_codec.write_record
     monkeypatch.setattr(
-        rollout_state.rollout,
+        rollout_state.record_codec,
         "write_record",
         lambda where, record: writes.append(record) or real_write(where, record),
     )

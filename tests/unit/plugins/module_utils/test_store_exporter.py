@@ -13,6 +13,7 @@ import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
 from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter as se
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -30,7 +31,7 @@ def record(rollout_id="chat-a:wave_canary", *steps):
 
 
 def encoded(value):
-    return r.encode_record(value).encode()
+    return record_codec.encode_record(value).encode()
 
 
 def owner(rollout_id="chat-a", ttl_s=30):
