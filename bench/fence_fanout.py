@@ -119,7 +119,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes i
     read_routes,
     set_route,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.fence_watcher import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.fence_watcher import (  # noqa: E402
     IDLE_RECHECK_S,
     PRESENCE_RENEW_S,
     PRESENCE_STALL_S,
@@ -859,7 +859,7 @@ def write_routectl(path):
     CPU, since on a fleet the push's work on the node is the node's, not the controller's."""
     Path(path).write_text(
         "#!/bin/sh\nexec taskset -c %s %s -c 'import sys; sys.path.insert(0, %s); "
-        "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_cli import main; "
         'sys.exit(main())\' "$@"\n'
         % (NODES_CPU, sys.executable, json.dumps(str(REPO / ".collections")))
     )

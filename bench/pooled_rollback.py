@@ -44,7 +44,6 @@ import sys
 import time
 
 import lab
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (
     listening_inodes,
@@ -52,6 +51,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_s
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import PinLayout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_sockets import in_netns
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 SIMULATOR = os.path.join(lab.REPO, "roles", "model_engine", "files", "zerolayer_engine_sim.py")
 LOAD = os.path.join(lab.REPO, "files", "load", "zerolayer_load.py")

@@ -2,7 +2,7 @@
 # Apache License 2.0 (see LICENSE)
 """`zerolayer` for a machine that installed the zerolayer.fleet collection.
 
-The command's code is the collection's (plugins/module_utils/rollout_cli.py), so that the
+The command's code is the collection's (plugins/module_utils/controller/rollout_cli.py), so that the
 command and the playbooks never disagree: this entry point only puts the collections paths
 Ansible uses (ansible.cfg's collections_path, $ANSIBLE_COLLECTIONS_PATH, else
 ~/.ansible/collections and /usr/share/ansible/collections) in front of Python's path, in
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-MODULE = "ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_cli"
+MODULE = "ansible_collections.zerolayer.fleet.plugins.module_utils.controller.rollout_cli"
 
 
 def main(argv=None):

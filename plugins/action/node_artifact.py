@@ -1,7 +1,7 @@
 # Copyright: zerolayer.fleet contributors
 # Apache License 2.0 (see https://www.apache.org/licenses/LICENSE-2.0)
 """node_artifact: build the node artifact on the controller, copy it when the host lacks
-that version, and let the module install it there (module_utils/node_artifact.py)."""
+that version, and let the module install it there (module_utils/node/node_artifact.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     as_fleet_error,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.node_artifact import build
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_artifact import build
 
 # plugins/action/node_artifact.py -> the collection's root.
 COLLECTION_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

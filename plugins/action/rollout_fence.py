@@ -6,7 +6,7 @@ A rollback's first step is raising the fence; as a module it waits for a Python 
 start and import its payload (0.2-0.4 s of a loaded 2-core controller, profile_tasks), which
 is most of what raising the fence costs. Where the task runs on the controller (a local
 connection without become, which is what `delegate_to: localhost` gives), the same core
-(module_utils/rollout_fence_core.py) runs here, with the module's argument spec; anywhere
+(module_utils/rollout/rollout_fence_core.py) runs here, with the module's argument spec; anywhere
 else the module runs on its host as usual.
 """
 
@@ -17,7 +17,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     as_fleet_error,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     ARGUMENT_SPEC,
     REQUIRED_IF,
     fence_call,

@@ -85,7 +85,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts imp
     stage_cohort,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError  # noqa: E402
-from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (  # noqa: E402
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.stage_table import (  # noqa: E402
     format_opt_in,
     format_seconds,
     format_stage_weight,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollback_confirmation import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollback_confirmation import (
     direct_drains,
     node_confirmations,
 )

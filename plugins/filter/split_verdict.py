@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.traffic_split import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.traffic_split import (
     split_verdict as judge_split,
 )
 

@@ -8,7 +8,7 @@ import time
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.stage_table import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.stage_table import (
     render_table,
     rollout_rows,
 )

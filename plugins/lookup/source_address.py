@@ -34,7 +34,7 @@ _raw:
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.source_addresses import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller.source_addresses import (
     source_cidrs,
 )
 

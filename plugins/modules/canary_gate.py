@@ -410,7 +410,6 @@ history_reset:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout_guard
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
     parse_duration,
@@ -426,7 +425,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_code
     read_json_file,
     write_json_atomic,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout_guard
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.gates import (
     Limits,
     evaluate_gates,
     history_for_stage,
@@ -437,14 +438,11 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.gates import (
     validate_gates,
     validate_window,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import (
-    PrometheusClient,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout import (
     default_actor,
     last_decision_at,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     FileRecords,
     StoreRecords,
 )
@@ -453,6 +451,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 impo
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_from_params,
     store_options,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry.prometheus_api import (
+    PrometheusClient,
 )
 
 COUNTERS = (

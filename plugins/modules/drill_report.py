@@ -207,7 +207,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.drill import run
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports.drill import run
 
 
 def main():

@@ -127,7 +127,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.engine_idle import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.engine_idle import (
     KINDS,
     metrics_reader,
     pids_in_cgroup,

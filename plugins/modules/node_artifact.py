@@ -139,7 +139,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.node_artifact import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_artifact import (
     COMMANDS,
     install,
     install_plan,

@@ -106,7 +106,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.push_shards import plan, run
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.push_shards import plan, run
 
 
 def main():

@@ -80,11 +80,14 @@ outcome:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_ops
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
     fail_module,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
+    rollout,
+    rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (

@@ -160,7 +160,6 @@ notifications:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
     format_timestamp,
@@ -170,6 +169,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_failure,

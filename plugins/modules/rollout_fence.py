@@ -208,7 +208,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     MODULE_FAILURES,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     ARGUMENT_SPEC,
     REQUIRED_IF,
     fence_call,

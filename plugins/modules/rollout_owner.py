@@ -109,11 +109,11 @@ heartbeat_pid:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     fail_module,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     runner_identity,
     store_from_params,

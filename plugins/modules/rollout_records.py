@@ -111,10 +111,13 @@ not_marked:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_ops
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     fail_module,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
+    rollout,
+    rollout_ops,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_from_params,

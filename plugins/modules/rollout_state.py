@@ -56,7 +56,7 @@ options:
         path; O(details) may carry the measured wall time) and V(completed) finish it.
       - V(sync) writes O(record), a record read elsewhere (the controller's), to O(path).
       - V(step) decides what the wave does next at O(point) (the rollout's state machine, in
-        C(module_utils/rollout_steps.py)), makes the record changes it implies in one write,
+        C(module_utils/rollout/rollout_steps.py)), makes the record changes it implies in one write,
         and returns the decision as RV(step).
     type: str
     required: true
@@ -393,18 +393,18 @@ notifications:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    notify,
-    rollout,
-    rollout_records,
-    rollout_steps,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
     FleetError,
     fail_module,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
+    rollout,
+    rollout_records,
+    rollout_steps,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_options,

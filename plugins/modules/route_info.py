@@ -180,7 +180,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins imp
     layout_from_params,
     layout_options,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.report import router_report
 
 
 def main():

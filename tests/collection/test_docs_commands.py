@@ -106,7 +106,7 @@ def test_ansible_playbook_line_is_accepted(line, ansible_env):
 @pytest.mark.parametrize("line", commands(["zerolayer-routectl"]))
 def test_routectl_subcommand_exists(line):
     sys.path.insert(0, str(REPO / ".collections"))
-    from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import build_parser
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_cli import build_parser
 
     subcommand = line.split()[1]
     parser = build_parser()

@@ -351,7 +351,7 @@ def routectl(layout, *argv, config=None):
         "--pin-dir", layout.pin_dir,
         "--fence-file", layout.fence_file,
     ]  # fmt: skip
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
     status = node_cli.run([*prefix, *argv], stdout=out, stderr=err)
     text = out.getvalue() or err.getvalue()

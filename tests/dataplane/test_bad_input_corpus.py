@@ -6,7 +6,7 @@ byte as they were.
 """
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 from .conftest import ENGINE_PORT, maps_bytes, routectl
 from .test_modules import ansible

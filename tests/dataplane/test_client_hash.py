@@ -49,7 +49,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_co
     decode_client_key,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import set_route
-from ansible_collections.zerolayer.fleet.plugins.module_utils.report import router_report
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node.report import router_report
 
 from .conftest import BPF_DIR, ENGINE_PORT, SERVICE_PORT, maps_bytes, ok, routectl, run
 from .decision_model import (

@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     router_lifecycle,
@@ -25,6 +24,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins imp
     check_pinned_maps,
     writer_lock,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 from .conftest import ENGINE_PORT, SERVICE_PORT
 

@@ -12,7 +12,6 @@ import sys
 import uuid
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import (
     bpf_syscall,
@@ -29,6 +28,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes i
     read_routes,
     set_route,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 from .conftest import COLLECTIONS_PATH, ENGINE_PORT, SERVICE_PORT, file_bytes, routectl, run
 from .decision_model import Seeds
@@ -36,7 +36,7 @@ from .test_modules import ansible
 
 BOOT_ROUTECTL = (
     "import sys; sys.path.insert(0, %r); "
-    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_cli import main; "
     "sys.exit(main())" % COLLECTIONS_PATH
 )
 

@@ -33,7 +33,7 @@ from .test_deep_rollback_sticky import boot_attach, write_config
 
 ROUTECTL = (
     "import sys; sys.path.insert(0, %r); "
-    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_cli import main; "
     "sys.exit(main())" % COLLECTIONS_PATH
 )
 NODE = "zlt-node-1"
@@ -407,7 +407,7 @@ def showing(metrics, name, value):
 
 
 def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
 
     def metrics():
         text = exposition.render({"fence": exposition.collect_fence(routed, watcher.status_file)})
@@ -445,7 +445,7 @@ def test_the_exporter_shows_the_fence_and_the_watcher(watcher, store, routed):
 
 
 def test_an_unreadable_fence_file_leaves_only_its_series_out(routed):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
 
     with open(routed.fence_file, "w") as handle:
         handle.write("not json")

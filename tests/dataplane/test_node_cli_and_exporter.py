@@ -17,11 +17,11 @@ import time
 import urllib.request
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     LATENCY_SAMPLE_EVERY,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 from .conftest import four_sigma_bounds, ok, routectl
 
@@ -30,7 +30,7 @@ SERVICE_PORT = 8080
 ENGINE_PORT = 9001
 CONNECTIONS = 200
 COLLECTIONS_PATH = os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
-EXPOSITION = "ansible_collections.zerolayer.fleet.plugins.module_utils.exposition"
+EXPOSITION = "ansible_collections.zerolayer.fleet.plugins.module_utils.node.exposition"
 EXPORTER = (
     "import sys; sys.path.insert(0, %r); from %s import exporter_main; "
     "sys.exit(exporter_main(sys.argv[1:]))" % (os.path.abspath(COLLECTIONS_PATH), EXPOSITION)
@@ -339,7 +339,6 @@ def test_exporter_asked_for_stats_without_cap_sys_admin_fails_clearly(attached):
 
 
 def test_exporter_maps_are_opened_read_only(attached, monkeypatch):
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import bpf_syscall
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import (
@@ -349,6 +348,7 @@ def test_exporter_maps_are_opened_read_only(attached, monkeypatch):
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
         PORT_KEY,
     )
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
 
     before = routes_map_bytes(attached)
     # Every pin one scrape opens, and how: maps and program read-only, the link (which the

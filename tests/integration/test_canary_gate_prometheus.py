@@ -20,9 +20,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
-from ansible_collections.zerolayer.fleet.plugins.module_utils import gates as g
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import clock
-from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import PrometheusClient
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import gates as g
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry.prometheus_api import (
+    PrometheusClient,
+)
 from jinja2.nativetypes import NativeEnvironment
 from prometheus_process import PROMETHEUS, PrometheusProcess, poll_until
 

@@ -133,7 +133,8 @@ def exporter_text():
 
     if str(COLLECTIONS_PATH) not in sys.path:
         sys.path.insert(0, str(COLLECTIONS_PATH))
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition, rollout
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 
     now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
     record, _changed, _note = rollout.plan(None, "dash-1", None, None, False, now, "sre@ctl")
@@ -197,8 +198,9 @@ def store_exporter_text():
 
     if str(COLLECTIONS_PATH) not in sys.path:
         sys.path.insert(0, str(COLLECTIONS_PATH))
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, store_exporter
     from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry import store_exporter
 
     now = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
     running, _changed, _note = rollout.plan(

@@ -96,7 +96,8 @@ def router_text(weight_bp, rollout_state=None):
     (`rolled_back` or `paused`) adds a rollout record in that state."""
     if str(COLLECTIONS_PATH) not in sys.path:
         sys.path.insert(0, str(COLLECTIONS_PATH))
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition, rollout
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 
     # The router's counters per COUNTER_PERIOD: 1000 lookups, weight_bp of them to the engine.
     direct = 1000 * weight_bp // 10000

@@ -5,15 +5,15 @@ A real Prometheus holds small fleets built from the recorded /metrics fixtures (
 recorded_fleet.py): vLLM alone, Triton alone (with and without its first-response
 histogram), vLLM beside DCGM's exporter, and fleets whose stage node gets worse once the
 stage began. The gates are rendered as Ansible renders them, with the shipped thresholds
-and sample floors, and judged by module_utils/gates.py exactly as canary_gate judges them.
+and sample floors, and judged by module_utils/rollout/gates.py exactly as canary_gate judges them.
 """
 
 import datetime
 import math
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import gates as g
-from ansible_collections.zerolayer.fleet.plugins.module_utils.prometheus_api import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import gates as g
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry.prometheus_api import (
     parse_query_response,
 )
 from recorded_fleet import FLEETS, WINDOW, default_gates

@@ -192,6 +192,6 @@ def test_store_exporter_text_has_every_family_it_can_serve():
     # The rule check above is only as good as this rendering: every family of the store's
     # exporter must be in it.
     served = scraped_names(store_exporter_text())  # puts the collection on sys.path
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry import store_exporter
 
     assert served >= set(store_exporter._HELP)

@@ -2,8 +2,8 @@
 
 import datetime
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 

@@ -5,8 +5,8 @@ they take."""
 import datetime
 import json
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollback_command
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import rollback_command
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
 from waiting import wait_until
 

@@ -10,9 +10,10 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import notify, rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events as ev

@@ -9,16 +9,16 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    fence_watcher,
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import rollout_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import fence_watcher
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     rollout,
-    rollout_cli,
     rollout_guard,
     rollout_ops,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 

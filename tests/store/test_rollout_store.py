@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
     EtcdClient,
     StoreUnavailable,

@@ -6,9 +6,10 @@ import json
 
 import numpy
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout, rollout_cli
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_timeline as tl
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import rollout_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import rollout_timeline as tl
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 

@@ -16,13 +16,10 @@ import time
 import jinja2
 import pytest
 import yaml
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    fence_watcher,
-    notify,
-    store_exporter,
-)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import format_timestamp
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import fence_watcher
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import (
     events_retention,
     rollout_events,
@@ -31,6 +28,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 impo
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     RolloutStore,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry import store_exporter
 
 from .etcd_member import running_etcd
 from .test_store_exporter import stuck_wave

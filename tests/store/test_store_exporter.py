@@ -14,13 +14,10 @@ import time
 import urllib.request
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import (
-    fence_watcher,
-    notify,
-    rollout,
-    store_exporter,
-)
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import fence_watcher
+from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
     StoreRecords,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
@@ -29,6 +26,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_stor
     RolloutStore,
     runner_identity,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry import store_exporter
 
 from .etcd_member import free_port
 
@@ -169,7 +167,7 @@ def running_exporter(config_path, port):
     """zerolayer-store-exporter as its unit runs it, in a process group of its own."""
     command = (
         "import sys; sys.path.insert(0, %r); "
-        "from ansible_collections.zerolayer.fleet.plugins.module_utils.store_exporter "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry.store_exporter "
         "import exporter_main; sys.exit(exporter_main())" % COLLECTIONS_PATH
     )
     process = subprocess.Popen(

@@ -11,9 +11,9 @@ import secrets
 import time
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import rollout_cli
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     ARGUMENT_SPEC,
     fence_call,
 )

@@ -19,12 +19,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import store_exporter
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import EtcdClient
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     RolloutStore,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.telemetry import store_exporter
 
 from .etcd_member import EtcdMember, free_port, running_etcd
 

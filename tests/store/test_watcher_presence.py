@@ -9,8 +9,8 @@ kernel object needed, which is what a presence and a count are about.
 
 import time
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import fence_watcher
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_fence_core import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import fence_watcher
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     ARGUMENT_SPEC,
     fence_call,
 )

@@ -17,7 +17,7 @@ from .conftest import COLLECTIONS_PATH
 
 ROUTECTL = (
     "import sys; sys.path.insert(0, %r); "
-    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node_cli import main; "
+    "from ansible_collections.zerolayer.fleet.plugins.module_utils.node.node_cli import main; "
     "sys.exit(main())" % COLLECTIONS_PATH
 )
 

@@ -37,8 +37,9 @@ WAVE = 'rollout_id="verify-rollout",wave="wave_canary"'
 WRITER = """
 import datetime, json, sys
 sys.path.insert(0, %r)
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout_records import StoreRecords
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_records import (
+    StoreRecords)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     runner_identity, store_from_params)
 

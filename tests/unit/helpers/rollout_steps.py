@@ -3,7 +3,7 @@ T0, for the tests of what reads them (the report's table, the timeline)."""
 
 import datetime
 
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout as r
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
 ME = "runner@ctl"

@@ -5,7 +5,7 @@ import datetime
 import types
 
 from ansible_collections.zerolayer.fleet.plugins.callback import zerolayer_progress
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout as r
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout as r
 
 T0 = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
 ME = "runner@ctl"

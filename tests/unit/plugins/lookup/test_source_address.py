@@ -5,7 +5,7 @@ import pytest
 from ansible.errors import AnsibleLookupError
 from ansible_collections.zerolayer.fleet.plugins.lookup.source_address import LookupModule
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.source_addresses import (
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller.source_addresses import (
     source_address,
     source_cidrs,
 )

@@ -28,15 +28,48 @@ MAY_IMPORT = {
     # A weight write checks the store's fence epoch where the node has a store: the data
     # plane reads the store, never the rollout, the controller or the reports.
     "dataplane": ("common", "store"),
+    # The node's commands: zerolayer-routectl, its fence watcher, the route exporter. A node
+    # runs them from the node artifact, so they never import the rollout: what a node knows
+    # of a rollout is its copy of the record, read with common's codec.
+    "node": ("common", "store", "dataplane"),
+    # What a rollout decides: its record, steps, gates, guard and fence. It writes weights
+    # through the data plane's codec and never imports a node's command.
+    "rollout": ("common", "store", "dataplane"),
+    # What is measured and exported: Prometheus's API (through ansible-core's open_url, on the
+    # controller) and the store's exporter, which shares the node exporter's rendering and
+    # reads the rollout's records.
+    "telemetry": ("common", "store", "dataplane", "node", "rollout", "ansible"),
+    # What people read: the drill's report, the rollout's timeline, the notifications.
+    "reports": ("common", "store", "rollout", "telemetry"),
+    # The operator's commands (zerolayer, its rollback): the top, which may use any layer,
+    # and ansible-core's inventory for the nodes a rollback names.
+    "controller": (
+        "common",
+        "store",
+        "dataplane",
+        "node",
+        "rollout",
+        "telemetry",
+        "reports",
+        "ansible",
+    ),
+}
+# Installed packages a layer may import, by their top-level name: each only on the
+# controller, imported where it is needed, with a remedy when it is missing.
+MAY_IMPORT_INSTALLED = {
+    # The drill's plot.
+    "reports": ("matplotlib",),
+    # A sink file in YAML (PyYAML comes with ansible-core).
+    "controller": ("yaml",),
 }
 # Helpers (functions, classes) that moved, by the module they left: used from their new home
 # only.
 MOVED = {
-    "gates": {
+    "rollout.gates": {
         "common.clock": ("utc_now", "format_timestamp", "parse_timestamp", "seconds_between"),
         "common.numbers": ("parse_number",),
     },
-    "rollout": {
+    "rollout.rollout": {
         "common.clock": ("parse_duration",),
         # The record's file format, which a node reads without importing the rollout.
         "common.record_codec": (
@@ -50,17 +83,17 @@ MOVED = {
         ),
     },
     # What a stage's cohort is and how people read it: the events need it too.
-    "stage_table": {
+    "rollout.stage_table": {
         "common.cohorts": ("stage_cohort", "schedule_cohort", "format_prefixes", "format_cohort"),
     },
     # The watcher's refusals and the weight writers' are one class, the fence's.
-    "fence_watcher": {
+    "node.fence_watcher": {
         "dataplane.fence": ("FenceRefused",),
         # The node's way to the store, which the data plane's epoch check takes too.
         "store.node_client": ("node_store",),
     },
 }
-MOVED_FROM_GATES = MOVED["gates"]
+MOVED_FROM_GATES = MOVED["rollout.gates"]
 
 
 def layer_dirs():
@@ -108,8 +141,11 @@ def import_violations(source, layer, layers=None):
     layers = MAY_IMPORT if layers is None else layers
     allowed = {"stdlib", layer, *layers[layer]}
     violations = []
+    installed = MAY_IMPORT_INSTALLED.get(layer, ())
     for line, module, level in imported_modules(source):
         kind = kind_of(module, level, layers)
+        if kind == "other" and module.split(".")[0] in installed:
+            continue
         if kind not in allowed:
             violations.append("line %d: imports %s%s (%s)" % (line, "." * level, module, kind))
     return violations
@@ -118,7 +154,8 @@ def import_violations(source, layer, layers=None):
 def moved_helper_uses(source, moved_table=None):
     """["line N: NAME from OLD (now in HOME)", "line N: OLD.NAME (now in HOME)", ...]: each
     import of a moved helper from the module it left, and each read of it as an attribute of
-    that module (`from PACKAGE import OLD [as x]` or `import PACKAGE.OLD as x`, then x.NAME),
+    that module (`from PACKAGE.LAYER import OLD [as x]` or `import PACKAGE.LAYER.OLD as x`, then
+    x.NAME),
     under moved_table (MOVED unless given)."""
     moved_table = MOVED if moved_table is None else moved_table
     moved = {
@@ -130,10 +167,15 @@ def moved_helper_uses(source, moved_table=None):
     tree = ast.parse(source)
     bound = {}  # a name this source gives a module that helpers left -> that module
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+        if isinstance(node, ast.ImportFrom) and (
+            node.module == PACKAGE or (node.module or "").startswith(PACKAGE + ".")
+        ):
+            # `from PACKAGE.rollout import gates` imports the module "rollout.gates".
+            where = node.module[len(PACKAGE) + 1 :]
             for alias in node.names:
-                if alias.name in moved_table:
-                    bound[alias.asname or alias.name] = alias.name
+                old = "%s.%s" % (where, alias.name) if where else alias.name
+                if old in moved_table:
+                    bound[alias.asname or alias.name] = old
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 old = alias.name[len(PACKAGE) + 1 :] if alias.name.startswith(PACKAGE + ".") else ""
@@ -200,7 +242,7 @@ def test_a_bad_import_is_reported():
         "from . import locks\n"
     ) % {"p": PACKAGE}
     assert import_violations(source, "common") == [
-        "line 5: imports %s.rollout (top)" % PACKAGE,
+        "line 5: imports %s.rollout (rollout)" % PACKAGE,
         "line 6: imports %s.gates (top)" % PACKAGE,
         "line 7: imports yaml (other)",
         "line 9: imports ansible.module_utils.urls (ansible)",
@@ -209,7 +251,7 @@ def test_a_bad_import_is_reported():
     # A later layer is one line of MAY_IMPORT: what it lists, it may import.
     layers = {**MAY_IMPORT, "telemetry": ("common", "ansible")}
     assert import_violations(source, "telemetry", layers) == [
-        "line 5: imports %s.rollout (top)" % PACKAGE,
+        "line 5: imports %s.rollout (rollout)" % PACKAGE,
         "line 6: imports %s.gates (top)" % PACKAGE,
         "line 7: imports yaml (other)",
         "line 10: imports . (relative)",
@@ -221,20 +263,56 @@ def test_the_store_may_import_common_and_nothing_above_it():
         "from %(p)s.common.errors import FleetError\n"
         "from %(p)s.store import etcd_v3\n"
         "from %(p)s.store.rollout_store import RolloutStore\n"
-        "from %(p)s import rollout\n"
-        "from %(p)s.stage_table import format_weight\n"
+        "from %(p)s.rollout import rollout\n"
+        "from %(p)s.rollout.stage_table import format_weight\n"
     ) % {"p": PACKAGE}
     assert import_violations(source, "store") == [
-        "line 4: imports %s.rollout (top)" % PACKAGE,
-        "line 5: imports %s.stage_table (top)" % PACKAGE,
+        "line 4: imports %s.rollout (rollout)" % PACKAGE,
+        "line 5: imports %s.rollout.stage_table (rollout)" % PACKAGE,
     ]
     # common, below it, may not import the store.
     assert import_violations(source, "common") == [
         "line 2: imports %s.store (store)" % PACKAGE,
         "line 3: imports %s.store.rollout_store (store)" % PACKAGE,
-        "line 4: imports %s.rollout (top)" % PACKAGE,
-        "line 5: imports %s.stage_table (top)" % PACKAGE,
+        "line 4: imports %s.rollout (rollout)" % PACKAGE,
+        "line 5: imports %s.rollout.stage_table (rollout)" % PACKAGE,
     ]
+
+
+def test_a_node_command_may_not_import_the_rollout_the_reports_or_the_controller():
+    source = (
+        "from %(p)s.dataplane import routes\n"
+        "from %(p)s.store.node_client import node_store\n"
+        "from %(p)s.common.record_codec import read_record\n"
+        "from %(p)s.rollout.rollout import read_record\n"
+        "from %(p)s.reports import notify\n"
+        "from %(p)s.controller.rollout_cli import main\n"
+        "from %(p)s.telemetry import store_exporter\n"
+    ) % {"p": PACKAGE}
+    assert import_violations(source, "node") == [
+        "line 4: imports %s.rollout.rollout (rollout)" % PACKAGE,
+        "line 5: imports %s.reports (reports)" % PACKAGE,
+        "line 6: imports %s.controller.rollout_cli (controller)" % PACKAGE,
+        "line 7: imports %s.telemetry (telemetry)" % PACKAGE,
+    ]
+    # The controller, at the top, may import every one of them.
+    assert import_violations(source, "controller") == []
+
+
+def test_an_installed_package_is_allowed_only_to_the_layer_that_lists_it():
+    source = "import matplotlib.pyplot\nimport yaml\n"
+    assert import_violations(source, "reports") == ["line 2: imports yaml (other)"]
+    assert import_violations(source, "controller") == ["line 1: imports matplotlib.pyplot (other)"]
+    assert import_violations(source, "rollout") == [
+        "line 1: imports matplotlib.pyplot (other)",
+        "line 2: imports yaml (other)",
+    ]
+
+
+def test_every_module_is_in_a_layer():
+    """No module at the top of module_utils: each one is in the layer that says what it may
+    import."""
+    assert sorted(path.name for path in MODULE_UTILS.glob("*.py")) == []
 
 
 def python_files_outside_common():
@@ -260,18 +338,18 @@ def test_no_module_uses_a_moved_helper_from_the_module_it_left():
 
 
 def test_an_import_of_a_moved_helper_from_gates_is_reported():
-    source = "from %s.gates import Gate, parse_timestamp, parse_number\n" % PACKAGE
+    source = "from %s.rollout.gates import Gate, parse_timestamp, parse_number\n" % PACKAGE
     assert moved_helper_uses(source) == [
-        "line 1: parse_timestamp from gates (now in common.clock)",
-        "line 1: parse_number from gates (now in common.numbers)",
+        "line 1: parse_timestamp from rollout.gates (now in common.clock)",
+        "line 1: parse_number from rollout.gates (now in common.numbers)",
     ]
 
 
 def test_a_moved_helper_read_from_the_module_it_left_is_reported():
     source = (
-        "from %(p)s import rollout, gates as g\n"
-        "import %(p)s.rollout as old_rollout\n"
-        "from %(p)s.rollout import plan, parse_duration\n"
+        "from %(p)s.rollout import rollout, gates as g\n"
+        "import %(p)s.rollout.rollout as old_rollout\n"
+        "from %(p)s.rollout.rollout import plan, parse_duration\n"
         "rollout.plan(None)\n"
         "rollout.parse_duration('2h', 'hold')\n"
         "old_rollout.parse_duration('2h', 'hold')\n"
@@ -279,15 +357,15 @@ def test_a_moved_helper_read_from_the_module_it_left_is_reported():
         "g.evaluate_gates()\n"
     ) % {"p": PACKAGE}
     assert moved_helper_uses(source) == [
-        "line 3: parse_duration from rollout (now in common.clock)",
-        "line 5: rollout.parse_duration (now in common.clock)",
-        "line 6: rollout.parse_duration (now in common.clock)",
-        "line 7: gates.utc_now (now in common.clock)",
+        "line 3: parse_duration from rollout.rollout (now in common.clock)",
+        "line 5: rollout.rollout.parse_duration (now in common.clock)",
+        "line 6: rollout.rollout.parse_duration (now in common.clock)",
+        "line 7: rollout.gates.utc_now (now in common.clock)",
     ]
 
 
 def test_gates_no_longer_defines_the_moved_helpers():
-    tree = ast.parse((MODULE_UTILS / "gates.py").read_text())
+    tree = ast.parse((MODULE_UTILS / "rollout" / "gates.py").read_text())
     defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
     moved = {name for names in MOVED_FROM_GATES.values() for name in names}
     assert defined & moved == set()

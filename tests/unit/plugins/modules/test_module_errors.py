@@ -99,7 +99,8 @@ def test_every_module_hands_its_failures_to_the_shared_helper(path):
 def test_the_commands_bad_input_is_one_fleet_error_with_exit_status_2(capsys):
     """zerolayer-routectl and zerolayer raise the same UsageError, a FleetError, and still
     answer it as before: exit 2, the field named (routectl's JSON) or the message (zerolayer)."""
-    from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli, rollout_cli
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import rollout_cli
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
     assert node_cli.UsageError is rollout_cli.UsageError is errors.UsageError
     assert issubclass(errors.UsageError, FleetError)

@@ -5,9 +5,9 @@ import json
 import os
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 

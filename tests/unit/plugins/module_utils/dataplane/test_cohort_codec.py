@@ -5,7 +5,6 @@ import socket
 import struct
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import exposition
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
     COHORT_COUNTERS_VALUE,
@@ -25,6 +24,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_co
     encode_weight_word,
     parse_cohort,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import exposition
 
 
 def nets(*cidrs):

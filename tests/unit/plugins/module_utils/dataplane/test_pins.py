@@ -6,12 +6,12 @@ import json
 import os
 
 import pytest
-from ansible_collections.zerolayer.fleet.plugins.module_utils import node_cli
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import pins
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import (
     DEFAULT_FENCE_FILE,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.node import node_cli
 
 PIN_DIR = "/sys/fs/bpf/zerolayer-unit"
 

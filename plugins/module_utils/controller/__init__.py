@@ -1,0 +1,9 @@
+# Copyright: zerolayer.fleet contributors
+# Apache License 2.0 (see LICENSE)
+"""The controller's layer of module_utils: the operator's commands, at the top.
+
+rollout_cli (`zerolayer`), rollback_command (its rollback, which raises the fence itself and
+pushes only to the nodes that did not confirm) and source_addresses (the addresses this
+machine reaches nodes from). It may import every other layer; nothing imports it
+(tests/unit/plugins/module_utils/test_module_utils_layers.py checks it).
+"""
