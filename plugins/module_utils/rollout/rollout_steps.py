@@ -129,6 +129,12 @@ def _node_lagging(found, routes, weight_bp, cohort):
     )
 
 
+def readback_lags(read, routes, weight_bp, cohort):
+    """Whether one node's route_info read (read: its routes) misses the stage: the read-back
+    retries while it does, and the confirmed point judges each node by the same rule."""
+    return _node_lagging(_routes_read(read, routes), routes, weight_bp, cohort)
+
+
 def _stage_words(record):
     planned = rollout.current_stage(record)
     return planned, "stage %d" % (record["stage"]["index"] + 1)
