@@ -209,7 +209,8 @@ def test_the_zerolayer_package_runs_the_installed_collection_s_command(installed
     # The module the entry point ran is the installed collection's, not this checkout's.
     which = (
         "import zerolayer_cli; zerolayer_cli.main(['config', '--endpoints', 'https://e:2379']); "
-        "from ansible_collections.zerolayer.fleet.plugins.module_utils import rollout_cli; "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.controller "
+        "import rollout_cli; "
         "print(rollout_cli.__file__)"
     )
     where = subprocess.run(

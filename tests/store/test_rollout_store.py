@@ -368,7 +368,7 @@ def test_the_runner_is_the_topmost_ansible_playbook_not_its_worker(tmp_path):
     heartbeat must follow the process that lives as long as the rollout."""
     probe = (
         "import sys; sys.path.insert(0, %r); "
-        "from ansible_collections.zerolayer.fleet.plugins.module_utils import heartbeat; "
+        "from ansible_collections.zerolayer.fleet.plugins.module_utils.store import heartbeat; "
         "print(heartbeat.runner_process()[0])"
         % os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
     )
