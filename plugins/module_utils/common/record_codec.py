@@ -43,8 +43,14 @@ def validate_rollout_id(value, field="rollout_id"):
     return value
 
 
+def json_text(data):
+    """The layout of every JSON file the collection writes (records, gate histories, the
+    drill's report): indented, keys sorted, one final newline."""
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
 def encode_record(record):
-    return json.dumps(record, indent=2, sort_keys=True) + "\n"
+    return json_text(record)
 
 
 def decode_record(text, source="record"):
@@ -99,8 +105,8 @@ def read_record(path):
 
 
 def write_json_atomic(path, data):
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(path, json_text(data))
 
 
 def write_record(path, record):
-    write_text_atomic(path, encode_record(record))
+    write_json_atomic(path, record)

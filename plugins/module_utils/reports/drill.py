@@ -37,6 +37,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.cohorts imp
     stage_cohort,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_codec import (
+    write_json_atomic,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.stage_table import (
     render_table,
     rollout_rows,
@@ -759,7 +762,7 @@ def run(params, check_mode, client_factory=None):
             "json": os.path.join(directory, "report.json"),
             "junit": os.path.join(directory, "report.junit.xml"),
         }
-        write_text_atomic(files["json"], json.dumps(report, indent=2, sort_keys=True) + "\n")
+        write_json_atomic(files["json"], report)
         write_text_atomic(files["junit"], junit_xml(report) + "\n")
         if params["plot"]:
             files["png"] = os.path.join(directory, "report.png")

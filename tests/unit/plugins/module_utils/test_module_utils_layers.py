@@ -248,7 +248,7 @@ def test_a_bad_import_is_reported():
         "line 9: imports ansible.module_utils.urls (ansible)",
         "line 10: imports . (relative)",
     ]
-    # A later layer is one line of MAY_IMPORT: what it lists, it may import.
+    # A layer's rule is its line of MAY_IMPORT: what the line lists, the layer may import.
     layers = {**MAY_IMPORT, "telemetry": ("common", "ansible")}
     assert import_violations(source, "telemetry", layers) == [
         "line 5: imports %s.rollout (rollout)" % PACKAGE,
