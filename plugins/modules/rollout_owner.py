@@ -161,7 +161,7 @@ def main():
             alive=heartbeat.alive,
             hosts=params["hosts"],
         )
-        pid = heartbeat.start_detached(store.client, holder["lease"], runner, params["ttl"] / 3.0)
+        pid = heartbeat.start_detached(store.client, holder["lease"], runner, params["ttl"])
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
     module.exit_json(changed=True, owner=holder, heartbeat_pid=pid)

@@ -189,7 +189,7 @@ def test_the_heartbeat_keeps_the_lease_while_its_runner_lives_and_lets_it_expire
         identity = heartbeat.runner_process(runner.pid)
         started = heartbeat._stat(runner.pid)[1]
         assert identity[0] != runner.pid or identity[1] == started
-        beating = heartbeat.start_detached(store.client, held["lease"], (runner.pid, started), 1.0)
+        beating = heartbeat.start_detached(store.client, held["lease"], (runner.pid, started), 5)
         time.sleep(7)  # longer than the TTL: only the heartbeat keeps it
         assert store.owner("wave_a")["pid"] == runner.pid, "alive runner, renewed lease"
         os.killpg(runner.pid, signal.SIGKILL)

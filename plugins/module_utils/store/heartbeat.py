@@ -11,10 +11,10 @@ after its TTL: until then `status` shows the dead runner as the holder, as it sh
 from __future__ import annotations
 
 import os
+import syslog
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
 
 
 def _stat(pid):
@@ -70,19 +70,40 @@ def alive(pid, started):
     return stat is not None and stat[1] == started
 
 
-def beat(client, lease, runner, interval_s, sleep=time.sleep):
-    """Renew lease every interval_s while runner (pid, start time) lives; return why it ended."""
+# The tag of the heartbeat's lines in the controller's journal (journalctl -t ...).
+LOG_TAG = "zerolayer-heartbeat"
+# How soon a renewal that failed is tried again: often enough that a store busy for a few
+# seconds (a leader change, an fsync stall) costs no lease, seldom enough to add no load.
+RETRY_S = 1.0
+_LEASE_GONE = "lease not found"
+
+
+def beat(client, lease, runner, ttl_s, sleep=time.sleep, clock=time.monotonic):
+    """Renew lease every ttl_s / 3 while runner (pid, start time) lives; return why it ended.
+
+    Only the store's own word ends the heartbeat early: the lease is gone (released, expired
+    or unknown). A renewal that fails otherwise (the store unreachable, or answering with an
+    error under load: a request timed out, a leader changed, a stalled apply) is tried again
+    every RETRY_S until ttl_s has passed since the last renewal, when the lease is surely
+    gone. Ending at the first such error, as this did, lost a live runner its scope.
+    """
+    renewed = clock()
     while True:
         if not alive(*runner):
             return "runner %d ended" % runner[0]
         try:
-            if client.keep_alive(lease) <= 0:
-                return "lease %d released or expired" % lease
-        except StoreUnavailable:
-            pass  # the store may come back before the lease runs out: try again
+            left = client.keep_alive(lease)
         except FleetError as exc:
-            return "lease %d: %s" % (lease, exc.message)
-        sleep(interval_s)
+            if _LEASE_GONE in exc.message:
+                return "lease %d: %s" % (lease, exc.message)
+            if clock() - renewed >= ttl_s:
+                return "lease %d not renewed for %ss: %s" % (lease, ttl_s, exc.message)
+            sleep(min(RETRY_S, ttl_s / 3.0))
+            continue
+        if left <= 0:
+            return "lease %d released or expired" % lease
+        renewed = clock()
+        sleep(ttl_s / 3.0)
 
 
 def run_detached(work):
@@ -116,6 +137,14 @@ def run_detached(work):
         os._exit(0)
 
 
-def start_detached(client, lease, runner, interval_s):
-    """Fork the heartbeat off, detached from the module's session and streams; its pid."""
-    return run_detached(lambda: beat(client, lease, runner, interval_s))
+def start_detached(client, lease, runner, ttl_s):
+    """Fork the heartbeat of a lease of ttl_s off, detached from the module's session and
+    streams; its pid. Why it ended goes to the controller's journal, tagged LOG_TAG: the
+    one trace of a lease lost while its runner lived."""
+
+    def work():
+        why = beat(client, lease, runner, ttl_s)
+        syslog.openlog(LOG_TAG, syslog.LOG_PID)
+        syslog.syslog(syslog.LOG_WARNING if "runner" not in why else syslog.LOG_INFO, why)
+
+    return run_detached(work)

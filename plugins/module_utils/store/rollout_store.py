@@ -29,6 +29,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 impo
     EtcdClient,
     StoreUnavailable,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.heartbeat import LOG_TAG
 
 DEFAULT_PREFIX = "/zerolayer/"
 FENCE_ACTIONS = ("fast", "deep", "abort", "catch_up")
@@ -562,10 +563,10 @@ class RolloutStore:
             )
         raise OwnerLost(
             "this runner no longer owns scope %s: its lease %s expired (its heartbeat could "
-            "not renew it for the lease's TTL: a partition or a stalled controller), and %s. "
-            "Nothing was written; the nodes keep their weights. Find out who runs the "
-            "rollout (zerolayer rollout status) before starting or resuming one."
-            % (scope, lease, now),
+            "not renew it for the lease's TTL: a partition or a stalled controller; the "
+            "controller's journal says why, journalctl -t %s), and %s. Nothing was written; "
+            "the nodes keep their weights. Find out who runs the rollout (zerolayer rollout "
+            "status) before starting or resuming one." % (scope, lease, LOG_TAG, now),
             {"field": "lease", "holder": holder, "outcome": "refused"},
         )
 
