@@ -59,17 +59,17 @@ def run(answers, runner=None):
 
 
 def test_a_lease_the_store_no_longer_has_ends_the_heartbeat_at_once():
-    why, store, _ = run([30, 30, 0])
+    why, store, _clock = run([30, 30, 0])
     assert why == "lease 7 released or expired" and store.renewals == 3
 
 
 def test_a_lease_the_store_says_it_does_not_know_ends_the_heartbeat_at_once():
-    why, store, _ = run([30, NOT_FOUND])
+    why, store, _clock = run([30, NOT_FOUND])
     assert "requested lease not found" in why and store.renewals == 2
 
 
 def test_renewals_come_every_third_of_the_ttl():
-    _, _, clock = run([30, 30, 30, 0])
+    _why, _store, clock = run([30, 30, 30, 0])
     assert clock.sleeps == [TTL_S / 3] * 3
 
 
@@ -94,5 +94,5 @@ def test_a_store_that_fails_for_the_whole_ttl_ends_the_heartbeat_naming_its_erro
 
 def test_a_runner_that_ended_ends_the_heartbeat_without_renewing():
     gone = (os.getpid(), heartbeat._stat(os.getpid())[1] + 1)  # another start time: not it
-    why, store, _ = run([30], runner=gone)
+    why, store, _clock = run([30], runner=gone)
     assert why == "runner %d ended" % os.getpid() and store.renewals == 0
