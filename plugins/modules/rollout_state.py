@@ -393,105 +393,15 @@ notifications:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (
     MODULE_FAILURES,
-    FleetError,
     fail_module,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
-    rollout,
-    rollout_records,
-    rollout_steps,
-)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout, rollout_steps
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_options,
 )
-
-
-def _progress(params):
-    """The plan's progress deadline, from the normalised schedule it is judged against."""
-    schedule = rollout.validate_schedule(
-        rollout.DEFAULT_SCHEDULE if params["schedule"] is None else params["schedule"]
-    )
-    return rollout.progress_deadline(
-        schedule,
-        params.get("progress_deadline", rollout.PROGRESS_DEADLINE_AUTO),
-        params.get("gate_interval", 60),
-        params.get("progress_deadline_abort", False),
-    )
-
-
-def run(params, check_mode):
-    """Work out the new record, write it outside check mode; returns the result dict."""
-    now = utc_now()
-    actor = params["actor"] or rollout.default_actor()
-    action = params["action"]
-    path = params["path"]
-    note = None
-    records = None
-    decided = None
-    if action == "sync":
-        # A node's copy: always the file at path, whatever the controller's records are in.
-        after = record_codec.decode_record(params["record"], "record")
-        before = record_codec.read_json_file(path)
-        changed = before != after
-    else:
-        records = rollout_records.records_from_params(params)
-        before, token = records.read()
-        if action == "plan":
-            after, changed, note = rollout.plan(
-                before,
-                params["rollout_id"],
-                params["schedule"],
-                params["gates"],
-                params["restart"],
-                now,
-                actor,
-                epoch=params.get("epoch"),
-                take_epoch=params.get("take_epoch", False),
-                progress=_progress(params),
-            )
-        elif action == "status":
-            after, changed = before, False
-        elif action == "step":
-            if before is None:
-                raise FleetError(
-                    "no rollout record yet; run action=plan first", {"field": "action"}
-                )
-            decided = rollout_steps.decide(
-                params["point"], params, rollout.summary(before, now), before
-            )
-            after, changed = before, False
-            for change in decided["changes"]:
-                after, done = rollout.apply(after, change["action"], change, now, actor)
-                changed = changed or done
-        else:
-            after, changed = rollout.apply(before, action, params, now, actor)
-    events = []
-    if changed and not check_mode:
-        if records is None:
-            record_codec.write_record(path, after)
-        else:
-            events = records.write(after, token)
-    result = {
-        "changed": changed,
-        "record": after,
-        "summary": rollout.summary(after, now),
-        "resume": rollout.resume_point(after, now) if after else None,
-        "lagging_nodes": rollout.lagging_nodes(after) if after else [],
-        "_diff": {"before": before or {}, "after": after or {}},
-    }
-    if note is not None:
-        result["note"] = note
-    if decided is not None:
-        result["step"] = decided
-    result["events"] = events
-    if events:
-        result["notifications"] = notify.hand_off(records.store)
-    return result
 
 
 def main():
@@ -548,7 +458,7 @@ def main():
         supports_check_mode=True,
     )
     try:
-        result = run(module.params, module.check_mode)
+        result = record_change.run(module.params, module.check_mode)
     except MODULE_FAILURES as exc:
         fail_module(module, exc)
     diff = result.pop("_diff")

@@ -187,7 +187,7 @@ def test_the_module_refuses_an_unknown_event_type(etcd_url, store):
 
 
 def test_the_gate_evaluator_tells_of_a_verdict_change_once(store, webhook_receiver):
-    from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import hold_evaluation
 
     notify.write_sinks(
         store, [{"name": "oncall", "url": webhook_receiver.url(), "allow_http": True}]
@@ -197,9 +197,9 @@ def test_the_gate_evaluator_tells_of_a_verdict_change_once(store, webhook_receiv
     holding = {"recent": [{"gates": {"success_rate": "no_data"}}]}
     same = {"gates": [{"name": "success_rate", "verdict": "no_data"}], "verdict": "hold",
             "decision": "continue", "reason": "no data yet"}  # fmt: skip
-    assert canary_gate._tell_verdict_change(store, params, holding, same, now) is None
+    assert hold_evaluation.tell_verdict_change(store, params, holding, same, now) is None
     passed = dict(same, gates=[{"name": "success_rate", "verdict": "pass"}], verdict="pass")
-    told = canary_gate._tell_verdict_change(store, params, holding, passed, now)
+    told = hold_evaluation.tell_verdict_change(store, params, holding, passed, now)
     assert told["stored"] is True and told["notifications"]["sender"] == "started", told
     sender_done(store, webhook_receiver, 1)
     (body,) = webhook_receiver.bodies()

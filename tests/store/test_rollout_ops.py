@@ -89,7 +89,7 @@ def test_a_runner_whose_lease_lapsed_stops_at_its_next_evaluation(store):
 def test_the_gate_module_stops_a_runner_without_its_lease_and_reads_no_gate(store, tmp_path):
     """canary_gate with owner_scope/owner_lease: decision owner_lost, nothing evaluated
     (Prometheus here is a closed port: a query would fail the module), no history."""
-    from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import hold_evaluation
 
     planted(store)
     mine = store.acquire("gpu_nodes", {"host": "ctl-1", "pid": 11, "rollout_id": "chat-a"}, 10)
@@ -97,7 +97,7 @@ def test_the_gate_module_stops_a_runner_without_its_lease_and_reads_no_gate(stor
     params = gate_params(
         store, tmp_path, owner_scope="gpu_nodes", owner_lease=mine["lease"], epoch=0
     )
-    result = canary_gate.run(params, check_mode=False)
+    result = hold_evaluation.run(params, check_mode=False)
     assert (result["decision"], result["gates"]) == ("owner_lost", [])
     assert "no longer owns scope gpu_nodes" in result["decision_reason"]
     assert not (tmp_path / "gates.json").exists(), "no history written"
@@ -107,18 +107,18 @@ def test_a_resume_from_the_command_line_gives_the_runner_a_fresh_gate_history(st
     """A pause latched by the gates (max_holds) stays the stage's decision until a person
     resumes; the resume made by `zerolayer rollout resume`, in the store's record, starts the
     history afresh at the runner's next evaluation: the runner needs no flag of its own."""
-    from ansible_collections.zerolayer.fleet.plugins.modules import canary_gate
+    from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import hold_evaluation
 
     planted(store)
     params = gate_params(store, tmp_path, max_holds=0)
-    latched = canary_gate.run(params, check_mode=False)
+    latched = hold_evaluation.run(params, check_mode=False)
     assert latched["decision"] == "pause", latched
-    assert canary_gate.run(params, check_mode=False)["decision"] == "pause", "latched"
+    assert hold_evaluation.run(params, check_mode=False)["decision"] == "pause", "latched"
     rollout_ops.pause(store, "chat-a", latched["decision_reason"], "runner@ctl")
     rollout_ops.resume(store, "chat-a", "Prometheus is back", "oncall@laptop")
-    fresh = canary_gate.run(dict(params, max_holds=5), check_mode=False)
+    fresh = hold_evaluation.run(dict(params, max_holds=5), check_mode=False)
     assert (fresh["decision"], fresh["history_reset"], fresh["holds"]) == ("continue", True, 1)
-    kept = canary_gate.run(dict(params, max_holds=5), check_mode=False)
+    kept = hold_evaluation.run(dict(params, max_holds=5), check_mode=False)
     assert (kept["history_reset"], kept["holds"]) == (False, 2)
 
 

@@ -9,8 +9,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     parse_duration,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout as r
-from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 
 T0 = datetime.datetime(2025, 3, 1, 12, 0, 0, tzinfo=datetime.timezone.utc)
 ME = "sre@controller"
@@ -465,29 +465,29 @@ def params(path, action, **extra):
 
 def test_module_plan_writes_once_and_a_rerun_changes_nothing(tmp_path):
     path = tmp_path / "chat.json"
-    first = rollout_state.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
+    first = record_change.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
     assert first["changed"] is True
     assert first["resume"]["hold_remaining_s"] == 7200
     written = path.read_bytes()
-    second = rollout_state.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
+    second = record_change.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
     assert second["changed"] is False
     assert path.read_bytes() == written
 
 
 def test_module_check_mode_writes_nothing(tmp_path):
     path = tmp_path / "chat.json"
-    result = rollout_state.run(params(path, "plan", rollout_id="chat-1"), check_mode=True)
+    result = record_change.run(params(path, "plan", rollout_id="chat-1"), check_mode=True)
     assert result["changed"] is True
     assert not path.exists()
 
 
 def test_module_bad_input_changes_nothing(tmp_path):
     path = tmp_path / "chat.json"
-    rollout_state.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
+    record_change.run(params(path, "plan", rollout_id="chat-1"), check_mode=False)
     written = path.read_bytes()
     bad = [{"weight": 5}, {"weight": 1}, {"weight": 100}]
     with pytest.raises(FleetError):
-        rollout_state.run(
+        record_change.run(
             params(path, "plan", rollout_id="chat-1", schedule=bad, restart=True), check_mode=False
         )
     assert path.read_bytes() == written
@@ -496,9 +496,9 @@ def test_module_bad_input_changes_nothing(tmp_path):
 def test_module_sync_writes_the_same_codec_and_converges(tmp_path):
     controller = tmp_path / "controller.json"
     node = tmp_path / "node" / "rollout.json"
-    plan = rollout_state.run(params(controller, "plan", rollout_id="chat-1"), check_mode=False)
-    first = rollout_state.run(params(node, "sync", record=plan["record"]), check_mode=False)
-    second = rollout_state.run(params(node, "sync", record=plan["record"]), check_mode=False)
+    plan = record_change.run(params(controller, "plan", rollout_id="chat-1"), check_mode=False)
+    first = record_change.run(params(node, "sync", record=plan["record"]), check_mode=False)
+    second = record_change.run(params(node, "sync", record=plan["record"]), check_mode=False)
     assert (first["changed"], second["changed"]) == (True, False)
     assert node.read_bytes() == controller.read_bytes()
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     rollout_steps as s,
 )
-from ansible_collections.zerolayer.fleet.plugins.modules import rollout_state
 
 from .test_rollout import params as rollout_params
 
@@ -291,22 +291,22 @@ def params(path, action, **extra):
 
 def holding_record(path):
     schedule = [{"weight": 5, "hold": 600}, {"weight": 100, "hold": 0}]
-    rollout_state.run(params(path, "plan", rollout_id=WAVE_ID, schedule=schedule), False)
-    rollout_state.run(params(path, "stage_started", stage=0), False)
-    rollout_state.run(params(path, "hold_started"), False)
+    record_change.run(params(path, "plan", rollout_id=WAVE_ID, schedule=schedule), False)
+    record_change.run(params(path, "stage_started", stage=0), False)
+    record_change.run(params(path, "hold_started"), False)
 
 
 def test_the_module_makes_a_steps_changes_in_one_write(tmp_path, monkeypatch):
     path = tmp_path / "canary.json"
     holding_record(path)
     writes = []
-    real_write = rollout_state.record_codec.write_record
+    real_write = record_change.record_codec.write_record
     monkeypatch.setattr(
-        rollout_state.record_codec,
+        record_change.record_codec,
         "write_record",
         lambda where, record: writes.append(record) or real_write(where, record),
     )
-    result = rollout_state.run(
+    result = record_change.run(
         params(path, "step", point="verdict", verdict=verdict("complete"), stage=0, weight=5),
         False,
     )
@@ -324,7 +324,7 @@ def test_the_module_in_check_mode_decides_and_writes_nothing(tmp_path):
     path = tmp_path / "canary.json"
     holding_record(path)
     before = path.read_text()
-    result = rollout_state.run(params(path, "step", point="request", request="pause"), True)
+    result = record_change.run(params(path, "step", point="request", request="pause"), True)
     assert result["changed"] and result["step"]["halt"]["kind"] == "paused"
     assert path.read_text() == before
 
@@ -333,7 +333,7 @@ def test_the_module_reads_the_wave_and_changes_nothing_when_it_carries_on(tmp_pa
     path = tmp_path / "canary.json"
     holding_record(path)
     before = path.read_text()
-    result = rollout_state.run(params(path, "step", point="wave"), False)
+    result = record_change.run(params(path, "step", point="wave"), False)
     assert not result["changed"] and result["step"] == s.step()
     assert result["resume"]["stage"] == 0
     assert path.read_text() == before
@@ -341,7 +341,7 @@ def test_the_module_reads_the_wave_and_changes_nothing_when_it_carries_on(tmp_pa
 
 def test_a_step_needs_a_record(tmp_path):
     with pytest.raises(FleetError) as caught:
-        rollout_state.run(params(tmp_path / "none.json", "step", point="wave"), False)
+        record_change.run(params(tmp_path / "none.json", "step", point="wave"), False)
     assert caught.value.details["field"] == "action"
 
 
@@ -351,14 +351,14 @@ def test_the_module_records_the_read_back_and_the_split_each_in_one_write(tmp_pa
     path = tmp_path / "canary.json"
     holding_record(path)
     readbacks = {"n1": [dict(read(), counters={"lookups": 0, "to_engine": 0})]}
-    confirmed = rollout_state.run(
+    confirmed = record_change.run(
         params(path, "step", point="confirmed", reads=readbacks, routes=["chat"]), False
     )
     assert confirmed["changed"] and confirmed["step"]["halt"] == {}
     assert json.loads(path.read_text())["nodes"]["n1"]["generation"] == 3
     after = {"n1": [dict(read(), counters={"lookups": 1000, "to_engine": 300})]}
     split = {"min_connections": 100, "sigmas": 4, "floor_pct": 0.5, "wait_s": 30}
-    measured = rollout_state.run(
+    measured = record_change.run(
         params(
             path,
             "step",
