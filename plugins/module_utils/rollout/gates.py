@@ -483,6 +483,30 @@ class Limits:
         return value
 
 
+def most_evaluations(hold_s, interval_s, max_holds, failure_limit):
+    """How many evaluations a hold's loop may take before the gates must have decided.
+
+    The hold's own (hold_s / interval_s), two for each inconclusive evaluation max_holds
+    allows (each extends the stage by the time it held), every failure below failure_limit,
+    and ten more for evaluations the store or Prometheus left undecided. A pause or a
+    rollback ends the loop long before in practice; this only bounds it.
+    """
+    values = {
+        "hold": hold_s,
+        "interval": interval_s,
+        "max_holds": max_holds,
+        "failure_limit": failure_limit,
+    }
+    for field, value in values.items():
+        smallest = 1 if field == "interval" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+            raise FleetError(
+                "%s must be a whole number >= %d; got %r" % (field, smallest, value),
+                {"field": field},
+            )
+    return hold_s // interval_s + 2 * max_holds + failure_limit + 10
+
+
 def new_history(rollout_id, stage, decided_at=None):
     return {
         "format": HISTORY_FORMAT,

@@ -10,6 +10,7 @@ a store, and every node's read-only copy) is replaced atomically.
 
 from __future__ import annotations
 
+import os
 import re
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
@@ -32,6 +33,29 @@ def validate_record_key(value, field="record_key"):
             {"field": field, "value": value},
         )
     return value
+
+
+def mirror_copies(directory):
+    """The controller's copies of a rollout's wave records, {wave: record}, from
+    <directory>/<wave>.json (what StoreRecords mirrors, or the records themselves without a
+    store); {} when the directory is not there. For reports only: the store is the truth."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise FleetError(
+            "the record copies in %s cannot be listed: %s" % (directory, exc.strerror),
+            {"field": "directory", "path": directory},
+        ) from None
+    return {
+        name[: -len(".json")]: record_codec.read_json_file(os.path.join(directory, name))
+        for name in names
+        # A dot file is a write in progress (record_codec writes beside, then renames).
+        if name.endswith(".json")
+        and not name.startswith(".")
+        and os.path.isfile(os.path.join(directory, name))
+    }
 
 
 class FileRecords:

@@ -8,6 +8,8 @@ import socket
 from urllib.error import HTTPError, URLError
 
 import pytest
+from ansible.errors import AnsibleFilterError
+from ansible_collections.zerolayer.fleet.plugins.filter.gate_evaluations import gate_evaluations
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import clock
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import gates as g
@@ -804,3 +806,32 @@ def test_a_history_kept_before_watched_time_goes_on_from_what_it_counted():
     )
     # first..last evaluation (60 s) plus this gap (60 s); the first gap is not known any more.
     assert outcome["elapsed_s"] == 120 and outcome["hold_remaining_s"] == 480
+
+
+# ------------------------------------------------ how many evaluations a hold's loop may take
+
+
+def test_a_holds_loop_allows_its_own_evaluations_the_extensions_the_failures_and_ten_more():
+    # 30 min at one a minute, 60 inconclusive ones counted twice, 5 failures, 10 to spare.
+    assert g.most_evaluations(1800, 60, 60, 5) == 30 + 120 + 5 + 10
+    # A hold shorter than one interval still has its limits and the spare.
+    assert g.most_evaluations(0, 60, 0, 1) == 11
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [((1800, 0, 60, 5), "interval"), ((-1, 60, 60, 5), "hold"), ((1800, 60, "60", 5), "max_holds"),
+     ((1800, 60, 60, True), "failure_limit")],
+)  # fmt: skip
+def test_a_bad_bound_names_its_field(args, field):
+    with pytest.raises(FleetError) as caught:
+        g.most_evaluations(*args)
+    assert caught.value.details["field"] == field
+
+
+def test_the_filter_takes_the_settings_as_the_inventory_gives_them():
+    assert gate_evaluations("1800", "60", "60", "5") == 165
+    with pytest.raises(AnsibleFilterError, match="gate_evaluations: interval must be"):
+        gate_evaluations(1800, "1m", 60, 5)
+    with pytest.raises(AnsibleFilterError, match="interval must be a whole number >= 1"):
+        gate_evaluations(1800, 0, 60, 5)
