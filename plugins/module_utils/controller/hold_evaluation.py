@@ -19,7 +19,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
     parse_timestamp,
     utc_now,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.record_codec import (
     read_json_file,
     write_json_atomic,
@@ -36,6 +35,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.gates impo
     stage_nodes_pattern,
     validate_gates,
     validate_window,
+    whole_number,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout import (
     default_actor,
@@ -94,13 +94,8 @@ def run(params, check_mode):
     """Validate everything, evaluate once, decide; the module's result, with its diff under
     _diff."""
     gates = validate_gates(params["gates"])
-    for field in ("timeout", "stage"):
-        smallest = 1 if field == "timeout" else 0
-        if params[field] < smallest:
-            raise FleetError(
-                "%s must be a whole number >= %d; got %r" % (field, smallest, params[field]),
-                {"field": field},
-            )
+    whole_number(params["timeout"], "timeout", 1)
+    whole_number(params["stage"], "stage", 0)
     window = validate_window(params["window"])
     stage_nodes_pattern(params["stage_nodes"])
     hold_s = parse_duration(params["hold"], "hold")

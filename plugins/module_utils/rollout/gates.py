@@ -460,27 +460,29 @@ def overall_reason(results):
 # ---------------------------------------------------------------- stage decision
 
 
+def whole_number(value, field, smallest):
+    """value, when it is a whole number (not a bool) of at least smallest; else the error
+    naming field."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
+        raise FleetError(
+            "%s must be a whole number >= %d; got %r" % (field, smallest, value),
+            {"field": field},
+        )
+    return value
+
+
 class Limits:
     """When a stage stops: failure limits (rollback) and inconclusive limits (pause)."""
 
     def __init__(
         self, consecutive_failure_limit=3, failure_limit=5, max_holds=60, max_hold_extension_s=7200
     ):
-        self.consecutive_failure_limit = self._count(
+        self.consecutive_failure_limit = whole_number(
             consecutive_failure_limit, "consecutive_failure_limit", 1
         )
-        self.failure_limit = self._count(failure_limit, "failure_limit", 1)
-        self.max_holds = self._count(max_holds, "max_holds", 0)
-        self.max_hold_extension_s = self._count(max_hold_extension_s, "max_hold_extension", 0)
-
-    @staticmethod
-    def _count(value, field, smallest):
-        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-            raise FleetError(
-                "%s must be a whole number >= %d; got %r" % (field, smallest, value),
-                {"field": field},
-            )
-        return value
+        self.failure_limit = whole_number(failure_limit, "failure_limit", 1)
+        self.max_holds = whole_number(max_holds, "max_holds", 0)
+        self.max_hold_extension_s = whole_number(max_hold_extension_s, "max_hold_extension", 0)
 
 
 def most_evaluations(hold_s, interval_s, max_holds, failure_limit):
@@ -491,19 +493,10 @@ def most_evaluations(hold_s, interval_s, max_holds, failure_limit):
     and ten more for evaluations the store or Prometheus left undecided. A pause or a
     rollback ends the loop long before in practice; this only bounds it.
     """
-    values = {
-        "hold": hold_s,
-        "interval": interval_s,
-        "max_holds": max_holds,
-        "failure_limit": failure_limit,
-    }
-    for field, value in values.items():
-        smallest = 1 if field == "interval" else 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-            raise FleetError(
-                "%s must be a whole number >= %d; got %r" % (field, smallest, value),
-                {"field": field},
-            )
+    hold_s = whole_number(hold_s, "hold", 0)
+    interval_s = whole_number(interval_s, "interval", 1)
+    max_holds = whole_number(max_holds, "max_holds", 0)
+    failure_limit = whole_number(failure_limit, "failure_limit", 0)
     return hold_s // interval_s + 2 * max_holds + failure_limit + 10
 
 
