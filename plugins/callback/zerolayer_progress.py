@@ -97,6 +97,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.stage_tabl
 )
 
 ROLLOUT_STATE = "rollout_state"
+CANARY_RECONCILE = "canary_reconcile"
 CANARY_GATE = "canary_gate"
 DRILL_REPORT = "drill_report"
 
@@ -207,8 +208,9 @@ class CallbackModule(CallbackBase):
         if previous_stage != summary.get("stage_number"):
             self.split.pop(wave["wave"], None)
         self._note_record(wave["wave"], result.get("record"))
-        # The canary's step at point=measured records the wave's measured split.
-        for change in (result.get("step") or {}).get("changes") or []:
+        # The canary's reconcile (or a step at point=measured) records the measured split.
+        changes = result.get("changes") or (result.get("step") or {}).get("changes") or []
+        for change in changes:
             if change.get("action") == "split_measured":
                 self._note_split(change.get("splits"))
 
@@ -313,6 +315,11 @@ class CallbackModule(CallbackBase):
             self.drill_tables.append(((data.get("report") or {}).get("drill_id"), data["table"]))
         elif action == ROLLOUT_STATE:
             self._note_rollout_state(data)
+        elif action == CANARY_RECONCILE:
+            # Each wave the step reconciled, in order, with the changes made to its record.
+            for wave in data.get("waves") or []:
+                if isinstance(wave, dict):
+                    self._note_rollout_state(wave)
         facts = data.get("ansible_facts")
         if isinstance(facts, dict):
             self._note_rollback(facts)

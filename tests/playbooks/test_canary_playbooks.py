@@ -186,7 +186,9 @@ def test_injected_errors_fail_a_gate_and_roll_back(fleet, records, baseline, loa
         assert fleet.node_record(node)["outcome"] == "rolled_back", node
 
 
-def test_unreachable_prometheus_holds_and_never_rolls_back(fleet, records, baseline, load):
+def test_unreachable_prometheus_holds_never_rolls_back_and_a_resume_carries_on(
+    fleet, records, baseline, load
+):
     assert fleet.monitoring, "the inventory names no monitoring host"
     client = load("holds")
     fleet.exec(fleet.monitoring, "systemctl", "stop", "prometheus.service")
@@ -204,19 +206,44 @@ def test_unreachable_prometheus_holds_and_never_rolls_back(fleet, records, basel
         )
     finally:
         fleet.exec(fleet.monitoring, "systemctl", "start", "prometheus.service")
-        client.stop()
-    assert run.returncode != 0
-    assert "paused at stage 1" in run.stdout
+    try:
+        assert run.returncode != 0
+        assert "paused at stage 1" in run.stdout
+        kept = record(records, "holds", "gpu_nodes")
+        assert kept["outcome"] == "paused"
+        assert kept["rollback"] is None
+        assert {verdict["verdict"] for verdict in kept["verdicts"]} == {"hold"}
+        # No rollback: the stage's weight is still in place on every node, whose copy of the
+        # record says paused.
+        for node, routes in fleet.weights().items():
+            assert routes[fleet.route["name"]][0] == 500, node
+            assert fleet.node_record(node)["outcome"] == "paused", node
+        assert not list(records.glob("rollback-*.json"))
+
+        # Prometheus is back: a person's resume carries the paused wave on from its stage,
+        # with a fresh gate history, to full weight.
+        resumed = fleet.canary(
+            "holds",
+            records,
+            "-e",
+            json.dumps(
+                {
+                    "canary_schedule": [{"weight": 5, "hold": 10}, {"weight": 100, "hold": 0}],
+                    "canary_action": "resume",
+                }
+            ),
+        )
+    finally:
+        summary = client.stop()
+    assert resumed.returncode == 0, resumed.stdout[-6000:]
     kept = record(records, "holds", "gpu_nodes")
-    assert kept["outcome"] == "paused"
-    assert kept["rollback"] is None
-    assert {verdict["verdict"] for verdict in kept["verdicts"]} == {"hold"}
-    # No rollback: the stage's weight is still in place on every node, whose copy of the
-    # record says paused.
+    assert kept["outcome"] == "completed"
+    assert "resume" in [transition["action"] for transition in kept["transitions"]]
+    assert kept["verdicts"][-1]["decision"] == "complete"
     for node, routes in fleet.weights().items():
-        assert routes[fleet.route["name"]][0] == 500, node
-        assert fleet.node_record(node)["outcome"] == "paused", node
-    assert not list(records.glob("rollback-*.json"))
+        assert routes[fleet.route["name"]][0] == 10000, node
+        assert fleet.node_record(node)["outcome"] == "completed", node
+    assert summary["requests_failed"] == 0, summary.get("failures")
 
 
 HOLD_KEYS = ("index", "status", "hold_started_at")

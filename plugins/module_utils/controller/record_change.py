@@ -24,11 +24,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
 
 def _progress(params):
     """The plan's progress deadline, from the normalised schedule it is judged against."""
-    schedule = rollout.validate_schedule(
-        rollout.DEFAULT_SCHEDULE if params["schedule"] is None else params["schedule"]
-    )
-    return rollout.progress_deadline(
-        schedule,
+    return rollout.planned_progress(
+        params["schedule"],
         params.get("progress_deadline", rollout.PROGRESS_DEADLINE_AUTO),
         params.get("gate_interval", 60),
         params.get("progress_deadline_abort", False),

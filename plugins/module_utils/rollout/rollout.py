@@ -352,6 +352,13 @@ PROGRESS_DEADLINE_INTERVALS = 3
 PROGRESS_DEADLINE_FIELD = "canary_progress_deadline"
 
 
+def planned_progress(schedule, setting, gate_interval_s, abort=False):
+    """The progress deadline a plan keeps, judged against the schedule as normalised (None:
+    the default schedule)."""
+    normalised = validate_schedule(DEFAULT_SCHEDULE if schedule is None else schedule)
+    return progress_deadline(normalised, setting, gate_interval_s, abort)
+
+
 def progress_deadline(schedule, setting, gate_interval_s, abort=False):
     """{"deadline_s", "abort"} for a normalised schedule; refuses a deadline of 0 or less.
 

@@ -114,7 +114,7 @@ def on_request(request, wave_id, wave):
     return step([{"action": request, "reason": reason}])
 
 
-def _routes_read(read, routes):
+def routes_read(read, routes):
     """The stage's routes among one node's route_info read, in the order read."""
     return [route for route in read or [] if route.get("name") in routes]
 
@@ -132,7 +132,7 @@ def _node_lagging(found, routes, weight_bp, cohort):
 def readback_lags(read, routes, weight_bp, cohort):
     """Whether one node's route_info read (read: its routes) misses the stage: the read-back
     retries while it does, and the confirmed point judges each node by the same rule."""
-    return _node_lagging(_routes_read(read, routes), routes, weight_bp, cohort)
+    return _node_lagging(routes_read(read, routes), routes, weight_bp, cohort)
 
 
 def _stage_words(record):
@@ -149,7 +149,7 @@ def at_confirmed(record, reads, routes, wave):
     weight_bp, cohort = planned["weight_bp"], planned.get("cohort")
     confirmations, lagging, weights = {}, set(), {}
     for node, read in sorted((reads or {}).items()):
-        found = _routes_read(read, routes)
+        found = routes_read(read, routes)
         weights[node] = {route["name"]: route.get("weight") for route in found}
         if found:
             confirmations[node] = {
@@ -197,8 +197,8 @@ def at_measured(record, readbacks, reads, routes, split, wave):
     cohort = planned.get("cohort")
     splits = {
         node: traffic_split.stage_split(
-            _routes_read(readbacks.get(node), routes),
-            _routes_read(read, routes),
+            routes_read(readbacks.get(node), routes),
+            routes_read(read, routes),
             planned["weight"],
             cohort_stage=bool(cohort),
             min_connections=split["min_connections"],
