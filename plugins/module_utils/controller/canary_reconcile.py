@@ -18,6 +18,7 @@ import os
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
 from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     reconcile,
@@ -36,15 +37,8 @@ ARGUMENT_SPEC = dict(
     waves=dict(type="list", elements="str", required=True),
     inventory_groups=dict(type="dict", required=True),
     play_hosts=dict(type="list", elements="str", required=True),
-    schedule=dict(type="list", elements="dict"),
+    **record_change.PLAN_OPTIONS,
     wave_schedules=dict(type="dict", default={}),
-    gates=dict(type="list", elements="dict"),
-    restart=dict(type="bool", default=False),
-    epoch=dict(type="int"),
-    take_epoch=dict(type="bool", default=False),
-    progress_deadline=dict(type="raw", default=rollout.PROGRESS_DEADLINE_AUTO),
-    progress_deadline_abort=dict(type="bool", default=False),
-    gate_interval=dict(type="int", default=60),
     pause_after_weight=dict(type="float", default=0),
     routes=dict(type="list", elements="str", required=True),
     split=dict(type="dict", required=True),

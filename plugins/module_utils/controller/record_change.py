@@ -21,6 +21,18 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     rollout_steps,
 )
 
+# The options a plan takes, in rollout_state's argument spec and canary_reconcile's.
+PLAN_OPTIONS = dict(
+    schedule=dict(type="list", elements="dict"),
+    gates=dict(type="list", elements="dict"),
+    restart=dict(type="bool", default=False),
+    epoch=dict(type="int"),
+    take_epoch=dict(type="bool", default=False),
+    progress_deadline=dict(type="raw", default=rollout.PROGRESS_DEADLINE_AUTO),
+    progress_deadline_abort=dict(type="bool", default=False),
+    gate_interval=dict(type="int", default=60),
+)
+
 
 def _progress(params):
     """The plan's progress deadline, from the normalised schedule it is judged against."""
