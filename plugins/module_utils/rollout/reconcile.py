@@ -312,11 +312,8 @@ class WaveStep:
             if requested["rollback"]:
                 return self._rollback(requested["rollback"])
             summary = rollout.summary(self.record, self.now)
-        stopped = rollout_steps.at_wave(summary, self.wave_id, self.wave)
-        if stopped["halt"]:
-            return self._stop(stopped["halt"], copy=stopped["halt"]["kind"] == "paused")
-        if self.record["outcome"] == "completed":
-            return None
+        # What this run's last act saw comes first: a hold that a pause or a fence raised
+        # elsewhere ended stops with the gates' own reason, not as a wave found stopped.
         last = self.run["last"]
         if (
             last.get("kind") in STAGE_ACTS
@@ -324,6 +321,11 @@ class WaveStep:
             and last.get("stage") == self.record["stage"]["index"]
         ):
             return self._after_last_act(observed)
+        stopped = rollout_steps.at_wave(summary, self.wave_id, self.wave)
+        if stopped["halt"]:
+            return self._stop(stopped["halt"], copy=stopped["halt"]["kind"] == "paused")
+        if self.record["outcome"] == "completed":
+            return None
         return self.next_step()
 
     def wave_done(self):

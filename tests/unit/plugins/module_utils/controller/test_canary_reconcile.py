@@ -200,6 +200,26 @@ def test_a_hold_ended_elsewhere_stops_without_writing(tmp_path, decision, failed
     assert run.record("wave_a") == before and stop["changed"] is False
 
 
+@pytest.mark.parametrize(
+    "outcome, decision, failed", [("paused", "paused", False), ("aborted", "fenced", True)]
+)
+def test_a_hold_ended_by_a_pause_or_fence_made_elsewhere_stops_with_the_gates_reason(
+    tmp_path, outcome, decision, failed
+):
+    run = Run(tmp_path)
+    run.step()
+    run.confirm()
+    # Another shell paused the rollout, or aborted it (raising the fence), during the hold.
+    moved = run.record("wave_a")
+    moved["outcome"] = outcome
+    moved["paused"] = outcome == "paused"
+    (tmp_path / "r1" / "wave_a.json").write_text(json.dumps(moved))
+    stop = run.step(verdict=verdict(decision, reason="the fleet's fence epoch rose from 4 to 5"))
+    assert (stop["halt"]["kind"], stop["halt"]["failed"]) == (decision, failed)
+    assert "without writing anything more: the fleet's fence epoch rose" in stop["halt"]["message"]
+    assert run.record("wave_a") == moved
+
+
 def test_gates_that_fail_roll_back_then_the_run_stops_with_the_report(tmp_path):
     run = Run(tmp_path)
     run.step()
