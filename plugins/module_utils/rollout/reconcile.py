@@ -151,7 +151,10 @@ class WaveStep:
         return [{"wave": self.wave, "nodes": self.nodes, "record": self.record}]
 
     def _stop(self, halt, copy=False):
+        """The run stops. A paused wave's nodes always get the record as read (it says
+        paused, whoever paused it: their route exporter serves it)."""
         self.run["last"] = {"kind": "stop", "wave": self.wave}
+        copy = copy or halt.get("kind") == "paused"
         return instruction("stop", self.wave, halt=halt, copies=self._copy() if copy else [])
 
     def _stage_fields(self):
@@ -323,7 +326,7 @@ class WaveStep:
             return self._after_last_act(observed)
         stopped = rollout_steps.at_wave(summary, self.wave_id, self.wave)
         if stopped["halt"]:
-            return self._stop(stopped["halt"], copy=stopped["halt"]["kind"] == "paused")
+            return self._stop(stopped["halt"])
         if self.record["outcome"] == "completed":
             return None
         return self.next_step()

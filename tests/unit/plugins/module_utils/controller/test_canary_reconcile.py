@@ -218,6 +218,8 @@ def test_a_hold_ended_by_a_pause_or_fence_made_elsewhere_stops_with_the_gates_re
     assert (stop["halt"]["kind"], stop["halt"]["failed"]) == (decision, failed)
     assert "without writing anything more: the fleet's fence epoch rose" in stop["halt"]["message"]
     assert run.record("wave_a") == moved
+    # A paused wave's nodes get the record as the other actor left it.
+    assert [c["record"] for c in stop["copies"]] == ([moved] if outcome == "paused" else [])
 
 
 def test_gates_that_fail_roll_back_then_the_run_stops_with_the_report(tmp_path):
