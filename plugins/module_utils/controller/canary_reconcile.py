@@ -104,7 +104,7 @@ class Waves:
     def where(self, wave):
         """What the hold and the report need to find the wave's record."""
         return {
-            "wave_id": "%s:%s" % (self.rollout_id, wave),
+            "wave_id": reconcile.wave_id(self.rollout_id, wave),
             "record_key": self.key(wave),
             "record_path": self.path(wave),
             "gate_state": self.gate_state(wave),

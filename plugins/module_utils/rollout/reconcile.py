@@ -32,10 +32,13 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
 )
 
 KINDS = ("write", "measure", "hold", "rollback", "stop", "done")
-# The instructions after which the run comes back to reconcile.
-ACTS = ("write", "measure", "hold", "rollback")
 # The run's own acts whose outcome the next reconcile reads, per stage.
 STAGE_ACTS = ("write", "measure", "hold")
+
+
+def wave_id(rollout_id, wave):
+    """A wave's rollout id in its record, events and gate history."""
+    return "%s:%s" % (rollout_id, wave)
 
 
 def new_run(request):
@@ -70,7 +73,7 @@ class Settings:
         self.gate_interval = params.get("gate_interval") or 60
 
     def wave_id(self, wave):
-        return "%s:%s" % (self.rollout_id, wave)
+        return wave_id(self.rollout_id, wave)
 
     def schedule_of(self, wave):
         return self.wave_schedules.get(wave, self.schedule)
@@ -150,12 +153,13 @@ class WaveStep:
     def _copy(self):
         return [{"wave": self.wave, "nodes": self.nodes, "record": self.record}]
 
-    def _stop(self, halt, copy=False):
-        """The run stops. A paused wave's nodes always get the record as read (it says
-        paused, whoever paused it: their route exporter serves it)."""
+    def _stop(self, halt):
+        """The run stops. A paused wave's nodes get the record as read (it says paused,
+        whoever paused it: their route exporter serves it); every other stop leaves the
+        copies as they are."""
         self.run["last"] = {"kind": "stop", "wave": self.wave}
-        copy = copy or halt.get("kind") == "paused"
-        return instruction("stop", self.wave, halt=halt, copies=self._copy() if copy else [])
+        copies = self._copy() if halt.get("kind") == "paused" else []
+        return instruction("stop", self.wave, halt=halt, copies=copies)
 
     def _stage_fields(self):
         index = self.record["stage"]["index"]
@@ -232,7 +236,7 @@ class WaveStep:
         )
         self.apply(ended["changes"])
         if ended["halt"]:
-            return self._stop(ended["halt"], copy=True)
+            return self._stop(ended["halt"])
         self.run["last"] = {}
         found = self.next_step()
         if found is not None:
@@ -276,7 +280,7 @@ class WaveStep:
         )
         self.apply(decided["changes"])
         if decided["halt"]:
-            return self._stop(decided["halt"], copy=bool(decided["changes"]))
+            return self._stop(decided["halt"])
         if decided["rollback"]:
             return self._rollback(decided["rollback"])
         return self._stage_end()
@@ -311,7 +315,7 @@ class WaveStep:
             requested = rollout_steps.on_request(self.settings.request, self.wave_id, self.wave)
             self.apply(requested["changes"])
             if requested["halt"]:
-                return self._stop(requested["halt"], copy=True)
+                return self._stop(requested["halt"])
             if requested["rollback"]:
                 return self._rollback(requested["rollback"])
             summary = rollout.summary(self.record, self.now)
