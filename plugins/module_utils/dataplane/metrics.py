@@ -73,6 +73,40 @@ def read_cohort_counters(layout, route_index):
     return totals
 
 
+# The program counts a cohort's connection in two maps, zl_counters first and zl_cohort_ctrs a
+# moment later, and a read takes one map at a time: under load, a read of both can count a
+# connection in one and not the other, which a cohort stage's split at weight 0 would take for
+# a connection the weight sent direct. The pair is read until zl_counters is the same on both
+# sides of the cohort read: no connection was counted between, so the cohort counts are those
+# of the connections in zl_counters.
+CONSISTENT_READ_ATTEMPTS = 8
+
+
+def consistent_counts(read_route, read_cohort, attempts=CONSISTENT_READ_ATTEMPTS):
+    """(route counters, cohort counters) read as one snapshot: read_route, read_cohort,
+    read_route again, until both route reads agree (at most `attempts` times; the last pair
+    otherwise, which is off by the few connections counted during the read)."""
+    counters = read_route()
+    for _attempt in range(max(1, attempts)):
+        cohort = read_cohort()
+        again = read_route()
+        if again == counters:
+            break
+        counters = again
+    return counters, cohort
+
+
+def read_route_counters(layout, route_index):
+    """(zl_counters totals, zl_cohort_ctrs totals or None on older pins) of one route, as one
+    snapshot (consistent_counts)."""
+    if not has_map(layout, COHORT_COUNTERS_MAP):
+        return read_counters(layout, route_index), None
+    return consistent_counts(
+        lambda: read_counters(layout, route_index),
+        lambda: read_cohort_counters(layout, route_index),
+    )
+
+
 def read_client_entries(layout):
     """Every zl_clients entry as {raw key: (weight word, direct)}; {} on pins without it.
 

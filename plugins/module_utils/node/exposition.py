@@ -204,9 +204,8 @@ def collect(layout, run_time_stats=False, watcher_status=None):
         read_slots,
     )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
-        read_cohort_counters,
-        read_counters,
         read_latency_buckets,
+        read_route_counters,
     )
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import missing_pins
     from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.routes import (
@@ -223,6 +222,8 @@ def collect(layout, run_time_stats=False, watcher_status=None):
     if missing_pins(layout):
         return snapshot
     for route in read_routes(layout):
+        # cohort counters are None on pins without cohorts (layout 2)
+        counters, cohort_counters = read_route_counters(layout, route.route_index)
         snapshot["routes"].append(
             {
                 "name": route.name,
@@ -230,9 +231,8 @@ def collect(layout, run_time_stats=False, watcher_status=None):
                 "weight_bp": route.weight_bp,
                 "generation": route.generation,
                 "engine_sockets": len(read_slots(layout, route.route_index)),
-                "counters": read_counters(layout, route.route_index),
-                # None on pins without cohorts (layout 2)
-                "cohort_counters": read_cohort_counters(layout, route.route_index),
+                "counters": counters,
+                "cohort_counters": cohort_counters,
             }
         )
     snapshot["latency_buckets"] = read_latency_buckets(layout)

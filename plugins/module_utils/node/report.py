@@ -13,9 +13,8 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics 
     count_client_addresses,
     latency_summary,
     read_client_entries,
-    read_cohort_counters,
-    read_counters,
     read_latency_buckets,
+    read_route_counters,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.pins import missing_pins
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.route_codec import (
@@ -41,8 +40,7 @@ def route_report(layout, route, cohort_entries=None, clients=None):
     report["slots"] = {
         str(slot): cookie for slot, cookie in sorted(read_slots(layout, route.route_index).items())
     }
-    report["counters"] = read_counters(layout, route.route_index)
-    cohort_counters = read_cohort_counters(layout, route.route_index)
+    report["counters"], cohort_counters = read_route_counters(layout, route.route_index)
     if cohort_counters is not None:
         report["counters"].update(cohort_counters)
     if cohort_entries is not None:

@@ -1,7 +1,9 @@
-"""Percentiles from the log2 decision-time histogram."""
+"""Percentiles from the log2 decision-time histogram; the route and cohort counters read as one
+snapshot."""
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.metrics import (
+    consistent_counts,
     histogram_percentile,
     interpolated_percentile,
     latency_summary,
@@ -71,3 +73,33 @@ def test_interpolated_percentile_spreads_counts_over_the_bucket():
     assert interpolated_percentile([0] * LATENCY_BUCKETS, 0.5) is None
     # Bucket 0 covers [0, 2) ns.
     assert interpolated_percentile(buckets_with(b0=4), 0.5) == 1
+
+
+def scripted(values):
+    """A reader that returns the given values in turn."""
+    calls = iter(values)
+    return lambda: next(calls)
+
+
+def test_counters_read_as_one_snapshot_when_nothing_was_counted_during_the_read():
+    route = scripted([{"to_engine": 5}, {"to_engine": 5}])
+    cohort = scripted([{"to_engine_opt_in": 5}])
+    assert consistent_counts(route, cohort) == ({"to_engine": 5}, {"to_engine_opt_in": 5})
+
+
+def test_a_connection_counted_during_the_read_is_read_again_on_both_maps():
+    # The cohort read saw a 6th opt-in connection that the first route read had not counted:
+    # taken as is, the split would say the weight sent one direct (5 - 6 + 1). The second
+    # route read differs, so the pair is read again.
+    route = scripted([{"to_engine": 5}, {"to_engine": 6}, {"to_engine": 6}])
+    cohort = scripted([{"to_engine_opt_in": 6}, {"to_engine_opt_in": 6}])
+    assert consistent_counts(route, cohort) == ({"to_engine": 6}, {"to_engine_opt_in": 6})
+
+
+def test_a_read_that_never_settles_ends_after_its_attempts_with_the_last_pair():
+    route = scripted([{"to_engine": count} for count in range(10)])
+    cohort = scripted([{"to_engine_opt_in": count} for count in range(10)])
+    assert consistent_counts(route, cohort, attempts=3) == (
+        {"to_engine": 3},
+        {"to_engine_opt_in": 2},
+    )
