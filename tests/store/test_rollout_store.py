@@ -1,6 +1,7 @@
 """The rollout store against a real etcd: the v3 JSON gateway client, the fence raised by
 compare-and-swap, one owner per scope on a lease, the heartbeat tied to its runner."""
 
+import contextlib
 import json
 import os
 import signal
@@ -233,6 +234,22 @@ def test_an_unreachable_store_says_so():
     assert "127.0.0.1:9" in failed.value.message and "127.0.0.1:10" in failed.value.message
 
 
+def wait_stopped(pid, timeout=10):
+    """Wait until every thread of process pid is stopped (state T in /proc)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in os.listdir("/proc/%d/task" % pid):
+            with contextlib.suppress(FileNotFoundError):
+                with open("/proc/%d/task/%s/stat" % (pid, task)) as stat:
+                    # The state follows the command name, which is in parentheses.
+                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        if states and all(state == "T" for state in states):
+            return
+        assert time.monotonic() < deadline, "process %d did not stop: %s" % (pid, states)
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def paused_member(etcd_member):
     """pause(seconds): the member stops answering (SIGSTOP, as a member stalled on a slow
@@ -246,6 +263,10 @@ def paused_member(etcd_member):
         os.killpg(etcd_member.proc.pid, signal.SIGSTOP)
         timers.append(threading.Timer(seconds, resume))
         timers[-1].start()
+        # kill() returns before every thread has stopped (each stops on its next way back
+        # from the kernel): on a loaded machine a request sent at once could still be
+        # answered. The test's clock starts once all of them are stopped.
+        wait_stopped(etcd_member.proc.pid)
 
     try:
         yield pause
