@@ -50,11 +50,25 @@ def sum_counters(per_cpu):
     return totals
 
 
+def _route_totals(fd, key, cpus):
+    """zl_counters totals of one route key, from an open fd of the map."""
+    return sum_counters(_per_cpu_values(fd, key, COUNTERS_VALUE, cpus))
+
+
+def _cohort_totals(fd, key, cpus):
+    """zl_cohort_ctrs totals of one route key, from an open fd of the map."""
+    totals = dict.fromkeys(COHORT_COUNTER_FIELDS, 0)
+    for values in _per_cpu_values(fd, key, COHORT_COUNTERS_VALUE, cpus):
+        for field, value in zip(COHORT_COUNTER_FIELDS, values):
+            totals[field] += value
+    return totals
+
+
 def read_counters(layout, route_index):
     """{lookups, to_engine, to_proxy_by_weight, fallback_no_socket, assign_errors} of one route."""
     cpus = bpf_syscall.possible_cpus()
     with opened_map(layout, COUNTERS_MAP, read_only=True) as fd:
-        return sum_counters(_per_cpu_values(fd, PORT_KEY.pack(route_index), COUNTERS_VALUE, cpus))
+        return _route_totals(fd, PORT_KEY.pack(route_index), cpus)
 
 
 def read_cohort_counters(layout, route_index):
@@ -65,12 +79,8 @@ def read_cohort_counters(layout, route_index):
     if not has_map(layout, COHORT_COUNTERS_MAP):
         return None
     cpus = bpf_syscall.possible_cpus()
-    totals = dict.fromkeys(COHORT_COUNTER_FIELDS, 0)
     with opened_map(layout, COHORT_COUNTERS_MAP, read_only=True) as fd:
-        for values in _per_cpu_values(fd, PORT_KEY.pack(route_index), COHORT_COUNTERS_VALUE, cpus):
-            for field, value in zip(COHORT_COUNTER_FIELDS, values):
-                totals[field] += value
-    return totals
+        return _cohort_totals(fd, PORT_KEY.pack(route_index), cpus)
 
 
 # The program counts a cohort's connection in two maps, zl_counters first and zl_cohort_ctrs a
@@ -101,10 +111,15 @@ def read_route_counters(layout, route_index):
     snapshot (consistent_counts)."""
     if not has_map(layout, COHORT_COUNTERS_MAP):
         return read_counters(layout, route_index), None
-    return consistent_counts(
-        lambda: read_counters(layout, route_index),
-        lambda: read_cohort_counters(layout, route_index),
-    )
+    # Both maps opened (and checked) once for all the reads of the snapshot.
+    cpus = bpf_syscall.possible_cpus()
+    key = PORT_KEY.pack(route_index)
+    with opened_map(layout, COUNTERS_MAP, read_only=True) as route_fd:
+        with opened_map(layout, COHORT_COUNTERS_MAP, read_only=True) as cohort_fd:
+            return consistent_counts(
+                lambda: _route_totals(route_fd, key, cpus),
+                lambda: _cohort_totals(cohort_fd, key, cpus),
+            )
 
 
 def read_client_entries(layout):
