@@ -151,6 +151,22 @@ class Fleet:
         self.key_file.chmod(0o600)
         # Playbook runs started with background=True, ended by the test or at its end.
         self.background = []
+        # What a module changed on the fleet and owes it back (restore_before_next_use).
+        self.owed_restores = []
+
+    def restore_before_next_use(self, what, restore):
+        """Owe the fleet restore() (a playbook run that puts back what a module changed),
+        run when the next module takes the fleet, before its first test. The run's last
+        module then restores nothing on a fleet that only goes down after it; its restore
+        still runs, and fails that module's setup if it fails, whenever a module follows."""
+        self.owed_restores.append((what, restore))
+
+    def pay_owed_restores(self):
+        while self.owed_restores:
+            what, restore = self.owed_restores.pop(0)
+            started = time.monotonic()
+            restore()
+            print("fleet %s: %s restored in %.0f s" % (self.name, what, time.monotonic() - started))
 
     def address(self, node):
         return podman(
@@ -412,6 +428,7 @@ class Fleets:
     def get(self, group):
         name, subnet = FLEETS[group]
         if name in self.started:
+            self.started[name].pay_owed_restores()
             return self.started[name]
         workdir = Path(tempfile.mkdtemp(prefix="zl-playbooks-%s-" % name))
         self.workdirs.append(workdir)
@@ -444,6 +461,10 @@ class Fleets:
         return self.started[name]
 
     def down(self):
+        # A fleet someone else started stays up: it gets back what the modules changed.
+        if REUSE:
+            for fleet in self.started.values():
+                fleet.pay_owed_restores()
         for name in self.names:
             if not REUSE:
                 env = dict(self.env, ZEROLAYER_SANDBOX_FLEET=name)

@@ -206,9 +206,21 @@ def test_an_engine_change_drains_each_node_in_turn_and_loses_no_request(fleet, b
             )
         )
     finally:
-        # The inventory's setting back, drained the same way.
-        restored = fleet.playbook("site.yml", "--tags", "model_engine")
+        # The inventory's setting back, every node drained at once: the load has stopped,
+        # so no client needs a peer meanwhile (a maintenance window's settings: one batch of
+        # every node, drained with no peer on purpose). One drain instead of one per node.
+        everything_at_once = {
+            "site_drain_batch": len(fleet.nodes),
+            "site_drain_max_share": 1,
+            "node_drain_allow_no_peers": True,
+        }
+        restored = fleet.playbook(
+            "site.yml", "--tags", "model_engine", "-e", json.dumps(everything_at_once)
+        )
         assert restored.returncode == 0, restored.stdout[-8000:]
+        for node in fleet.nodes:
+            unit = fleet.exec(node, "systemctl", "cat", ENGINE_UNIT).stdout
+            assert "TimeoutStopSec=41" not in unit, (node, unit)
 
 
 MPS_INSTANCE = "shared"

@@ -16,7 +16,8 @@ In module order, on the first GPU node (the others keep the simulator):
   to 20 %, fast and deep rollback, restore) under load, vLLM answering beside the simulators;
   an engine upgrade from vLLM `chat` to another vLLM instance under load, the drain reading
   vLLM's own queue metrics;
-  site.yml puts the simulator back (module teardown).
+  site.yml puts the simulator back before the next module that uses the fleet (none, when
+  this module is the run's last).
 """
 
 from __future__ import annotations
@@ -139,8 +140,12 @@ def vllm_node(fleet, tmp_path_factory):
         fleet.set_weight(0, check=False)
         fleet.exec(node, "rm", "-rf", WORK_ON_NODE, check=False)
         remove_engine(fleet, node, UPGRADED)
-        restored = fleet.playbook("site.yml", "--limit", node, timeout=1200)
-        assert restored.returncode == 0, restored.stdout[-6000:]
+
+        def simulator_back():
+            restored = fleet.playbook("site.yml", "--limit", node, timeout=1200)
+            assert restored.returncode == 0, restored.stdout[-6000:]
+
+        fleet.restore_before_next_use("the simulator on %s" % node, simulator_back)
 
 
 def test_the_role_runs_vllm_cpu_with_its_real_flags_and_the_router_registers_it(fleet, vllm_node):
