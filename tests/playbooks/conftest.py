@@ -344,7 +344,7 @@ class Fleet:
 class Load:
     """zerolayer_load.py on the controller against every node's service port."""
 
-    def __init__(self, fleet, name, nodes=None):
+    def __init__(self, fleet, name, nodes=None, rate=60):
         self.summary = fleet.workdir / ("load-%s.json" % name)
         self.stop_file = fleet.workdir / ("load-%s.stop" % name)
         argv = [
@@ -357,7 +357,7 @@ class Load:
             "--concurrency",
             "4",
             "--rate",
-            "60",
+            str(rate),
             "--stream-percent",
             "10",
             "--duration",
@@ -500,8 +500,8 @@ def load(fleet):
     """A load client per test; stopped at the end of the test whatever happens."""
     started = []
 
-    def start(name, nodes=None):
-        client = Load(fleet, name, nodes)
+    def start(name, nodes=None, rate=60):
+        client = Load(fleet, name, nodes, rate)
         started.append(client)
         return client
 
