@@ -500,8 +500,8 @@ def load(fleet):
     """A load client per test; stopped at the end of the test whatever happens."""
     started = []
 
-    def start(name, nodes=None, rate=60):
-        client = Load(fleet, name, nodes, rate)
+    def start(name, nodes=None, **options):
+        client = Load(fleet, name, nodes, **options)
         started.append(client)
         return client
 
