@@ -99,6 +99,13 @@ options:
         without the store (their epochs are then known from their answers).
     type: int
     default: 0
+  catch_up_to:
+    description:
+      - With V(raise) and O(rollback_mode=catch_up), the highest epoch the nodes hold (a rollback
+        that could not reach the store fenced them itself). The store's fence is raised to it
+        when it is lower; when it is not, nothing is written and the result is not changed.
+      - Not with O(at_least).
+    type: int
   require_store:
     description: With V(raise), fail when the store cannot be reached instead of reporting it.
     type: bool

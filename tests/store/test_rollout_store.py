@@ -13,6 +13,12 @@ import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
+    ARGUMENT_SPEC as FENCE_SPEC,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
+    fence_call,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import heartbeat
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
     EtcdClient,
@@ -45,6 +51,42 @@ def test_the_fence_starts_at_zero_and_each_raise_goes_one_up(store):
     assert store.raise_fence("abort", "nodes fenced alone", "sre@ctl", at_least=7)["epoch"] == 8
     kept = store.fence()
     assert kept["epoch"] == 8 and kept["reason"] == "nodes fenced alone"
+
+
+def catch_up(store, etcd_url, **overrides):
+    """rollout_fence raise with catch_up_to, as canary.yml calls it, on this test's store."""
+    given = {name: spec.get("default") for name, spec in FENCE_SPEC.items()}
+    given.update(endpoints=[etcd_url], prefix=store.prefix, timeout=3.0, action="raise")
+    given.update(rollback_mode="catch_up", reason="nodes fenced alone", require_store=True)
+    given.update(overrides)
+    return fence_call(given)
+
+
+def test_a_catch_up_brings_the_store_to_the_nodes_epoch_and_never_past_it(store, etcd_url):
+    store.raise_fence("fast", "p99 page", "sre@ctl")
+    caught_up = catch_up(store, etcd_url, catch_up_to=5)
+    assert caught_up["changed"] and caught_up["fence"]["epoch"] == 5, caught_up
+    assert store.fence()["action"] == "catch_up"
+    again = catch_up(store, etcd_url, catch_up_to=5)
+    assert not again["changed"] and not again["store_updated"], again
+    assert catch_up(store, etcd_url, catch_up_to=3)["fence"]["epoch"] == 5
+    assert store.fence()["epoch"] == 5, "a store already at or above the nodes is left as it is"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"catch_up_to": 4, "rollback_mode": "fast"},
+        {"catch_up_to": 4, "action": "read"},
+        {"catch_up_to": 0},
+        {"catch_up_to": 4, "at_least": 2},
+    ],
+)
+def test_a_bad_catch_up_names_the_field_and_changes_nothing(store, etcd_url, overrides):
+    with pytest.raises(FleetError) as failed:
+        catch_up(store, etcd_url, **overrides)
+    assert failed.value.details["field"] == "catch_up_to"
+    assert store.fence() == {"epoch": 0, "mod_revision": 0}
 
 
 def test_concurrent_raises_each_get_their_own_epoch(store):

@@ -38,6 +38,7 @@ ARGUMENT_SPEC = dict(
     reason=dict(type="str", default="requested"),
     actor=dict(type="str"),
     at_least=dict(type="int", default=0),
+    catch_up_to=dict(type="int"),
     require_store=dict(type="bool", default=False),
     **store_options(),
 )
@@ -64,6 +65,7 @@ def fence_call(params, check_mode=False, diff=False):
             "at_least must be a whole number >= 0; got %r" % params["at_least"],
             {"field": "at_least", "value": params["at_least"]},
         )
+    _check_catch_up(params)
     if params["action"] == "wait_acks":
         return wait_acks(params)
     if params["action"] == "wait_direct":
@@ -74,15 +76,20 @@ def fence_call(params, check_mode=False, diff=False):
         before = store.fence()
         if params["action"] == "read":
             return {"changed": False, "fence": before, "store_updated": False}
+        if params["catch_up_to"] is not None and before["epoch"] >= params["catch_up_to"]:
+            # The store already holds what the nodes have seen: nothing to catch up.
+            return {"changed": False, "fence": before, "store_updated": False}
+        at_least = (
+            params["at_least"] if params["catch_up_to"] is None else params["catch_up_to"] - 1
+        )
         counting = bool(params["nodes"]) and params["wait_s"] > 0 and not check_mode
         present = None
         if check_mode:
-            after = dict(before, epoch=max(before["epoch"], params["at_least"]) + 1)
+            after = dict(before, epoch=max(before["epoch"], at_least) + 1)
         else:
             after = store.raise_fence(
-                params["rollback_mode"], params["reason"], actor, params["at_least"],
-                presence=counting,
-            )  # fmt: skip
+                params["rollback_mode"], params["reason"], actor, at_least, presence=counting
+            )
             present = after.pop("present", None)
     except MODULE_FAILURES as exc:
         if params["action"] == "read" or params["require_store"]:
@@ -95,6 +102,25 @@ def fence_call(params, check_mode=False, diff=False):
     if diff:
         result["diff"] = {"before": before, "after": after}
     return result
+
+
+def _check_catch_up(params):
+    """catch_up_to is the nodes' epoch for a catch-up raise, and nothing else."""
+    wanted = params["catch_up_to"]
+    if wanted is None:
+        return
+    if params["action"] != "raise" or params["rollback_mode"] != "catch_up":
+        raise FleetError(
+            "catch_up_to goes with action=raise and rollback_mode=catch_up; got action=%s,"
+            " rollback_mode=%s" % (params["action"], params["rollback_mode"]),
+            {"field": "catch_up_to"},
+        )
+    if wanted < 1 or params["at_least"]:
+        raise FleetError(
+            "catch_up_to must be an epoch >= 1, without at_least; got catch_up_to=%r,"
+            " at_least=%r" % (wanted, params["at_least"]),
+            {"field": "catch_up_to", "value": wanted},
+        )
 
 
 def _require_epoch_and_wait(params):
