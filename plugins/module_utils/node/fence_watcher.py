@@ -52,7 +52,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.proc_soc
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.router_mode import (
     detached_without_maps,
 )
-from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
+    StoreUnavailable,
+    lease_gone,
+)
 
 DEFAULT_STATUS_FILE = "/run/zerolayer/fence-watcher.json"
 # The store's fence actions (rollout_store.FENCE_ACTIONS) and what each one does here.
@@ -267,15 +270,17 @@ class LeasedKey:
 
     def renew(self):
         """Whether the lease was still there to renew; if not the key went with it (and the
-        next put() grants a new one)."""
+        next put() grants a new one). A store that fails the request otherwise (unreachable,
+        a timeout, a leader change) raises: the lease is kept and renewed at the next turn,
+        not replaced by another while it may still hold the key."""
         if not self.lease:
             return False
         try:
             renewed = self.client.keep_alive(self.lease) > 0
-        except StoreUnavailable:
-            raise
-        except FleetError:
-            renewed = False  # "requested lease not found": the store forgot it
+        except FleetError as exc:
+            if not lease_gone(exc):
+                raise
+            renewed = False
         if not renewed:
             self.lease = 0
         return renewed

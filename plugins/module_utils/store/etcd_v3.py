@@ -42,6 +42,16 @@ class StoreUnavailable(FleetError):
     """No endpoint of the store could be reached (or none answered in time)."""
 
 
+# etcd's answer to a renewal of a lease it does not hold (released, expired, unknown).
+LEASE_GONE = "lease not found"
+
+
+def lease_gone(exc):
+    """Whether a store error says the lease is gone, rather than that the store failed the
+    request (a timeout, a leader change, a busy apply): only the first loses the lease."""
+    return LEASE_GONE in str(exc)
+
+
 def _b64(text):
     data = text if isinstance(text, bytes) else text.encode()
     return base64.b64encode(data).decode("ascii")
@@ -369,7 +379,8 @@ class EtcdClient:
         return int(answer["ID"])
 
     def keep_alive(self, lease):
-        """Renew lease once; the TTL left (0 or less: it had expired)."""
+        """Renew lease once; the TTL left (0 or less: it had expired). A lease the store no
+        longer knows may also come back as an error: lease_gone(exc) tells it from others."""
         answer = self.call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(answer.get("result", {}).get("TTL", 0))
 

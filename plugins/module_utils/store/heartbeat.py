@@ -15,6 +15,7 @@ import syslog
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import lease_gone
 
 
 def _stat(pid):
@@ -75,7 +76,6 @@ LOG_TAG = "zerolayer-heartbeat"
 # How soon a renewal that failed is tried again: often enough that a store busy for a few
 # seconds (a leader change, an fsync stall) costs no lease, seldom enough to add no load.
 RETRY_S = 1.0
-_LEASE_GONE = "lease not found"
 
 
 def beat(client, lease, runner, ttl_s, sleep=time.sleep, clock=time.monotonic):
@@ -94,7 +94,7 @@ def beat(client, lease, runner, ttl_s, sleep=time.sleep, clock=time.monotonic):
         try:
             left = client.keep_alive(lease)
         except FleetError as exc:
-            if _LEASE_GONE in exc.message:
+            if lease_gone(exc):
                 return "lease %d: %s" % (lease, exc.message)
             if clock() - renewed >= ttl_s:
                 return "lease %d not renewed for %ss: %s" % (lease, ttl_s, exc.message)

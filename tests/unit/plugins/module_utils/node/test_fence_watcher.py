@@ -4,8 +4,10 @@ import socket
 import subprocess
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.fence import FenceRefused
 from ansible_collections.zerolayer.fleet.plugins.module_utils.node.fence_watcher import (
+    LeasedKey,
     config_routes,
     confirmed,
     plan,
@@ -129,3 +131,54 @@ def test_a_port_nobody_answers_is_named_not_counted_as_the_proxy():
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
     assert probe_path(port).startswith("no answer: ")
+
+
+class RenewingClient:
+    """A store client whose lease renewals answer as scripted: a TTL, or an error to raise."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.granted = 0
+
+    def keep_alive(self, lease):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def grant_lease(self, ttl_s):
+        self.granted += 1
+        return 100 + self.granted
+
+    def put(self, key, value, lease):
+        pass
+
+
+def leased(client):
+    key = LeasedKey(client, "/zl/presence/n1", 6)
+    key.put({"node": "n1"})
+    return key
+
+
+def test_a_renewal_the_store_fails_keeps_the_lease_for_the_next_turn():
+    busy = FleetError(
+        "the rollout store refused /v3/lease/keepalive: etcdserver: request timed out"
+    )
+    client = RenewingClient(busy, 6)
+    key = leased(client)
+    with pytest.raises(FleetError):
+        key.renew()
+    assert key.lease == 101, "a request the store failed is not a lost lease"
+    assert key.renew() is True and client.granted == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [0, FleetError("the rollout store refused /v3/lease/keepalive: requested lease not found")],
+)
+def test_a_lease_the_store_no_longer_holds_is_let_go_and_the_next_put_takes_a_new_one(answer):
+    client = RenewingClient(answer)
+    key = leased(client)
+    assert key.renew() is False and key.lease == 0
+    key.put({"node": "n1"})
+    assert key.lease == 102 and client.granted == 2
