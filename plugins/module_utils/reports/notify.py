@@ -41,7 +41,10 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock impor
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_events
-from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import StoreUnavailable
+from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (
+    StoreUnavailable,
+    lease_gone,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.heartbeat import run_detached
 
 FORMATS = ("json", "slack")
@@ -385,29 +388,40 @@ def _send_round(store, lease, post, sleep):
         while thread.is_alive():
             thread.join(SENDER_TTL_S / 3.0)
             if thread.is_alive() and store.client.keep_alive(lease) <= 0:
-                raise FleetError("the sender's lease expired", {"field": "lease"})
+                raise SenderLeaseLost("the sender's lease expired", {"field": "lease"})
     return sum(counts.values())
 
 
+class SenderLeaseLost(FleetError):
+    """The sender's lease is gone: another sender may hold the key now."""
+
+
 def run_sender(store, lease, post=_post, sleep=time.sleep, clock=time.monotonic):
-    """Send until every sink is caught up and nothing new came for SENDER_IDLE_S."""
+    """Send until every sink is caught up and nothing new came for SENDER_IDLE_S.
+
+    Only a lost lease ends it at once. A store that fails a request (unreachable, or an
+    error under load: a timeout, a leader change) is tried again until it has failed for
+    SENDER_TTL_S, when the lease is surely gone too."""
     while lease:
         quiet_since = clock()
-        unreachable_since = None
+        failing_since = None
         while True:
             try:
                 if store.client.keep_alive(lease) <= 0:
                     return "lease expired"
                 if _send_round(store, lease, post, sleep):
                     quiet_since = clock()
-                unreachable_since = None
-            except StoreUnavailable:
-                unreachable_since = unreachable_since or clock()
-                if clock() - unreachable_since > SENDER_TTL_S:
-                    return "store unreachable"
-            except FleetError as exc:
+                failing_since = None
+            except SenderLeaseLost as exc:
                 return exc.message
-            if clock() - quiet_since >= SENDER_IDLE_S:
+            except FleetError as exc:
+                if lease_gone(exc):
+                    return exc.message
+                failing_since = failing_since or clock()
+                if clock() - failing_since > SENDER_TTL_S:
+                    return "store unreachable" if isinstance(exc, StoreUnavailable) else exc.message
+            # Caught up only by a round that went through, not by rounds the store failed.
+            if failing_since is None and clock() - quiet_since >= SENDER_IDLE_S:
                 break
             sleep(0.2)
         store.client.revoke_lease(lease)

@@ -174,3 +174,74 @@ def test_deliver_never_raises_on_a_broken_post():
 
     report = notify.deliver([an_event()], [sink("http://x", attempts=1)], wait_s=1, post=broken)
     assert report["delivered"] == 0 and "boom" in report["failed"][0]["error"]
+
+
+class SenderStore:
+    """The sender's view of a store: its lease renewed, the lease revoked at the end."""
+
+    def __init__(self):
+        self.client = self
+        self.revoked = []
+
+    def keep_alive(self, _lease):
+        return notify.SENDER_TTL_S
+
+    def revoke_lease(self, lease):
+        self.revoked.append(lease)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def scripted_rounds(monkeypatch, *answers):
+    """_send_round answers each round as scripted: a count of events sent, or an error."""
+    answers = list(answers)
+
+    def send_round(_store, _lease, _post, _sleep):
+        answer = answers.pop(0) if answers else 0
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(notify, "_send_round", send_round)
+    monkeypatch.setattr(notify, "anything_pending", lambda _store: False)
+
+
+BUSY = FleetError("the rollout store refused /v3/kv/range: etcdserver: request timed out")
+
+
+def test_a_store_error_under_load_does_not_end_the_sender(monkeypatch):
+    scripted_rounds(monkeypatch, BUSY, BUSY, 3)
+    store, clock = SenderStore(), Clock()
+    assert notify.run_sender(store, 7, sleep=clock.sleep, clock=clock) == "caught up"
+    assert store.revoked == [7]
+
+
+def test_a_store_that_keeps_failing_ends_the_sender_after_its_lease_time(monkeypatch):
+    scripted_rounds(monkeypatch, *[BUSY] * 1000)
+    clock = Clock()
+    why = notify.run_sender(SenderStore(), 7, sleep=clock.sleep, clock=clock)
+    assert "request timed out" in why
+    assert notify.SENDER_TTL_S < clock.now < notify.SENDER_TTL_S + 1
+
+
+@pytest.mark.parametrize(
+    "lost",
+    [
+        notify.SenderLeaseLost("the sender's lease expired", {"field": "lease"}),
+        FleetError("the rollout store refused /v3/lease/keepalive: requested lease not found"),
+    ],
+)
+def test_a_lost_lease_ends_the_sender_at_once(monkeypatch, lost):
+    scripted_rounds(monkeypatch, lost)
+    clock = Clock()
+    assert notify.run_sender(SenderStore(), 7, sleep=clock.sleep, clock=clock) == lost.message
+    assert clock.now == 0
