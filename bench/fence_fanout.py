@@ -103,6 +103,9 @@ sys.path.insert(0, str(REPO / ".collections"))
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import (  # noqa: E402
     FleetError,
 )
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (  # noqa: E402
+    stat_fields,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.loader import (  # noqa: E402
     pin_new_map,
     write_new_seeds,
@@ -903,8 +906,7 @@ def store_sample(members):
     sample.update(dict.fromkeys((STORE_EVENTS, *STORE_LEASE_COUNTERS), 0.0))
     for member in members:
         pid = member.proc.pid
-        # After the command's name, which may hold spaces: utime and stime are fields 14, 15.
-        fields = Path("/proc/%d/stat" % pid).read_text().rsplit(")", 1)[1].split()
+        fields = stat_fields(pid)  # utime and stime are fields 14 and 15 of stat(5)
         sample["cpu_s"] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
         for line in Path("/proc/%d/status" % pid).read_text().splitlines():
             if line.startswith("VmRSS:"):

@@ -26,6 +26,9 @@ COLLECTIONS_PATH = os.path.join(REPO, ".collections")
 if COLLECTIONS_PATH not in sys.path:
     sys.path.insert(0, COLLECTIONS_PATH)
 
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (  # noqa: E402
+    stat_fields,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane import router_lifecycle  # noqa: E402
 from ansible_collections.zerolayer.fleet.plugins.module_utils.dataplane.engine_sockets import (  # noqa: E402
     listening_inodes,
@@ -298,10 +301,8 @@ def process_group(pgid):
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % entry) as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = stat_fields(int(entry))
+        if fields is None:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
             members.add(int(entry))

@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (
+    stat_fields,
+)
 from fleet_groups import DEFAULT_FLEET
 from sandbox_inventory import named_fleet_inventory
 
@@ -63,10 +66,8 @@ def children_by_parent():
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open("/proc/%s/stat" % entry) as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = stat_fields(int(entry))
+        if fields is None:
             continue
         if fields[0] != "Z":
             children.setdefault(int(fields[1]), []).append(int(entry))

@@ -1,7 +1,6 @@
 """The rollout store against a real etcd: the v3 JSON gateway client, the fence raised by
 compare-and-swap, one owner per scope on a lease, the heartbeat tied to its runner."""
 
-import contextlib
 import json
 import os
 import signal
@@ -13,6 +12,9 @@ import time
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (
+    stat_fields,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     ARGUMENT_SPEC as FENCE_SPEC,
 )
@@ -282,10 +284,9 @@ def wait_stopped(pid, timeout=10):
     while True:
         states = []
         for task in os.listdir("/proc/%d/task" % pid):
-            with contextlib.suppress(FileNotFoundError):
-                with open("/proc/%d/task/%s/stat" % (pid, task)) as stat:
-                    # The state follows the command name, which is in parentheses.
-                    states.append(stat.read().rsplit(")", 1)[1].split()[0])
+            fields = stat_fields(pid, task)
+            if fields is not None:
+                states.append(fields[0])
         if states and all(state == "T" for state in states):
             return
         assert time.monotonic() < deadline, "process %d did not stop: %s" % (pid, states)

@@ -15,6 +15,21 @@ import time
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 
 
+def stat_fields(pid, thread=None):
+    """The fields of /proc/PID/stat (a thread's: /proc/PID/task/TID/stat) after the command
+    name, as strings: [0] is field 3 of stat(5) (the state), [1] the parent, [2] the process
+    group, [19] the start time. None when the process (or thread) is gone.
+
+    The command name (field 2) may hold spaces and parentheses: the split is after its last
+    closing parenthesis."""
+    path = "/proc/%d/stat" % pid if thread is None else "/proc/%d/task/%s/stat" % (pid, thread)
+    try:
+        with open(path) as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def process_started_at(pid=None):
     """The Unix time process pid (default: this one) started, to the kernel's clock tick.
 
@@ -23,15 +38,12 @@ def process_started_at(pid=None):
     finer than /proc/stat's btime (whole seconds).
     """
     pid = os.getpid() if pid is None else pid
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            # The command name (field 2) may hold spaces and parentheses: split after it.
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError as exc:
+    fields = stat_fields(pid)
+    if fields is None:
         raise FleetError(
-            "the start time of process %d cannot be read: %s" % (pid, exc.strerror),
+            "the start time of process %d cannot be read: no such process" % pid,
             {"field": "pid", "pid": pid},
-        ) from None
+        )
     start_ticks = int(fields[19])  # field 22 of stat(5); fields[0] is field 3
     since_boot = start_ticks / os.sysconf("SC_CLK_TCK")
     now, boot_clock = time.time(), time.clock_gettime(time.CLOCK_BOOTTIME)

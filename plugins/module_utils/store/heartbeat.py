@@ -15,15 +15,16 @@ import syslog
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (
+    stat_fields,
+)
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import lease_gone
 
 
 def _stat(pid):
     """(ppid, start time in clock ticks) of pid, or None when it is gone."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
     return int(fields[1]), int(fields[19])
 
