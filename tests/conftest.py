@@ -3,11 +3,16 @@
 import os
 import pathlib
 import shutil
+import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
+# The collection as the tests import it (ansible_collections.zerolayer.fleet), whichever test
+# folder runs first or alone.
+if str(REPO / ".collections") not in sys.path:
+    sys.path.insert(0, str(REPO / ".collections"))
 
 
 def find_tool(name: str) -> str:
