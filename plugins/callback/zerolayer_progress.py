@@ -208,9 +208,8 @@ class CallbackModule(CallbackBase):
         if previous_stage != summary.get("stage_number"):
             self.split.pop(wave["wave"], None)
         self._note_record(wave["wave"], result.get("record"))
-        # The canary's reconcile (or a step at point=measured) records the measured split.
-        changes = result.get("changes") or (result.get("step") or {}).get("changes") or []
-        for change in changes:
+        # The canary's reconcile records the measured split, among a wave's changes.
+        for change in result.get("changes") or []:
             if change.get("action") == "split_measured":
                 self._note_split(change.get("splits"))
 

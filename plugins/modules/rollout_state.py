@@ -55,66 +55,11 @@ options:
       - V(abort) (a person stops the rollout), V(rolled_back) (the fleet is back on the proxy
         path; O(details) may carry the measured wall time) and V(completed) finish it.
       - V(sync) writes O(record), a record read elsewhere (the controller's), to O(path).
-      - V(step) decides what the wave does next at O(point) (the rollout's state machine, in
-        C(module_utils/rollout/rollout_steps.py)), makes the record changes it implies in one write,
-        and returns the decision as RV(step).
     type: str
     required: true
     choices: [plan, status, stage_started, weight_confirmed, split_measured, hold_started, verdict,
               stage_completed, pause, resume, promote, promote_full, abort, rolled_back,
-              completed, sync, step]
-  point:
-    description:
-      - For O(action=step), where the run decides. V(wave) the wave's record as read before its
-        stages (a paused, rolled back or aborted wave stops the run); V(request) a person's
-        decision O(request); V(confirmed) the wave's nodes read back their routes (O(reads),
-        O(routes)), each node's read-back is recorded, and a node that misses the stage's weight
-        or cohort stops the run before the hold; V(measured) the router's counters read again
-        once traffic flowed (O(reads), against O(readbacks)), each node's measured split is
-        recorded, and a node off the weight, or with too few connections (O(split)), stops the
-        run before the hold; V(verdict) the end of a hold, with the gates' last result
-        O(verdict); V(stage_end) a stage that held (or had no hold), with O(hold_s), O(weight)
-        and O(pause_after_weight).
-    type: str
-    choices: [wave, request, confirmed, measured, verdict, stage_end]
-  reads:
-    description:
-      - For O(point=confirmed) and O(point=measured), node name to the routes its
-        C(routes) its M(zerolayer.fleet.route_info) returned.
-    type: dict
-  readbacks:
-    description: For O(point=measured), node name to the routes read back at O(point=confirmed).
-    type: dict
-  routes:
-    description: For O(point=confirmed) and O(point=measured), the names of the rollout's routes.
-    type: list
-    elements: str
-  split:
-    description:
-      - For O(point=measured), how a split is judged, C(canary_split_*) -- C(min_connections),
-        C(sigmas), C(floor_pct) -- and C(wait_s), the time the counters were given (for the
-        message).
-    type: dict
-  request:
-    description: For O(point=request), the person's decision (canary_action).
-    type: str
-    choices: [run, pause, resume, promote, promote_full, abort]
-  wave:
-    description: For O(action=step), the wave's name, for the messages.
-    type: str
-  wave_id:
-    description: For O(action=step), the wave's rollout id (C(<rollout>:<wave>)).
-    type: str
-  weight:
-    description: For O(point=verdict) and O(point=stage_end), the stage's weight in percent.
-    type: float
-  hold_s:
-    description: For O(point=stage_end), the stage's hold in seconds (0 closes the stage here).
-    type: float
-  pause_after_weight:
-    description: For O(point=stage_end), the weight after whose stage the wave pauses (0 never).
-    type: float
-    default: 0
+              completed, sync]
   rollout_id:
     description:
       - Identifier of the rollout, 1-128 characters of letters, digits, C(.), C(_), C(:) or C(-).
@@ -172,7 +117,7 @@ options:
     type: int
     default: 60
   stage:
-    description: Stage index for O(action=stage_started) and O(point=verdict), from 0.
+    description: Stage index for O(action=stage_started), from 0.
     type: int
   nodes:
     description:
@@ -348,25 +293,6 @@ note:
   returned: when O(action=plan)
   type: str
   sample: resumed
-step:
-  description: For O(action=step), what the wave does next; the changes are already in the record.
-  returned: when O(action=step)
-  type: dict
-  contains:
-    changes:
-      description: The record's changes made, in order (action, reason, verdict), in one write.
-      type: list
-      elements: dict
-    halt:
-      description: Empty to carry on; else how the run stops (kind, failed, wave, message).
-      type: dict
-    rollback:
-      description: Empty, or C(kind) and C(reason) of the fast rollback to run now.
-      type: dict
-  sample:
-    changes: [{action: pause, reason: paused by request (canary_action=pause)}]
-    halt: {kind: paused, failed: false, wave: canary, message: "Rollout r1:canary paused..."}
-    rollback: {}
 lagging_nodes:
   description: Nodes whose confirmed weight is not the current stage's weight.
   returned: always
@@ -398,7 +324,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
     fail_module,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
-from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout, rollout_steps
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     store_options,
 )
@@ -411,7 +337,7 @@ def main():
             record_key=dict(type="str", no_log=False),
             timeout=dict(type="float", default=3.0),
             **store_options(required=False),
-            action=dict(type="str", required=True, choices=[*rollout.ACTIONS, "step"]),
+            action=dict(type="str", required=True, choices=list(rollout.ACTIONS)),
             rollout_id=dict(type="str"),
             **record_change.PLAN_OPTIONS,
             stage=dict(type="int"),
@@ -422,17 +348,6 @@ def main():
             details=dict(type="dict"),
             record=dict(type="dict"),
             actor=dict(type="str"),
-            point=dict(type="str", choices=list(rollout_steps.POINTS)),
-            reads=dict(type="dict"),
-            readbacks=dict(type="dict"),
-            routes=dict(type="list", elements="str"),
-            split=dict(type="dict"),
-            request=dict(type="str", choices=list(rollout_steps.REQUESTS)),
-            wave=dict(type="str"),
-            wave_id=dict(type="str"),
-            weight=dict(type="float"),
-            hold_s=dict(type="float"),
-            pause_after_weight=dict(type="float", default=0),
         ),
         required_if=[
             ("action", "plan", ["rollout_id"]),
@@ -441,12 +356,6 @@ def main():
             ("action", "split_measured", ["splits"]),
             ("action", "verdict", ["verdict"]),
             ("action", "sync", ["record", "path"]),
-            ("action", "step", ["point", "wave", "wave_id"]),
-            ("point", "request", ["request"]),
-            ("point", "confirmed", ["reads", "routes"]),
-            ("point", "measured", ["reads", "readbacks", "routes", "split"]),
-            ("point", "verdict", ["verdict", "stage", "weight"]),
-            ("point", "stage_end", ["hold_s", "weight"]),
         ],
         supports_check_mode=True,
     )

@@ -2,23 +2,20 @@
 # Apache License 2.0 (see LICENSE)
 """One change of a rollout record, as the rollout_state module makes it.
 
-plan, status, step (a wave's next step, decided by rollout_steps and made in one write), a
-person's or the canary's own action, or sync (a node's copy of the record). Outside check
-mode the record is written once, where it lives (the store or a file), and the events the
-write makes are handed to the notification sinks: the reports' layer, so this sits on the
-controller's.
+plan, status, a person's or the canary's own action, or sync (a node's copy of the record).
+Outside check mode the record is written once, where it lives (the store or a file), and the
+events the write makes are handed to the notification sinks: the reports' layer, so this sits
+on the controller's.
 """
 
 from __future__ import annotations
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import utc_now
-from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.reports import notify
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     rollout,
     rollout_records,
-    rollout_steps,
 )
 
 # The options a plan takes, in rollout_state's argument spec and canary_reconcile's.
@@ -53,7 +50,6 @@ def run(params, check_mode):
     path = params["path"]
     note = None
     records = None
-    decided = None
     if action == "sync":
         # A node's copy: always the file at path, whatever the controller's records are in.
         after = record_codec.decode_record(params["record"], "record")
@@ -77,18 +73,6 @@ def run(params, check_mode):
             )
         elif action == "status":
             after, changed = before, False
-        elif action == "step":
-            if before is None:
-                raise FleetError(
-                    "no rollout record yet; run action=plan first", {"field": "action"}
-                )
-            decided = rollout_steps.decide(
-                params["point"], params, rollout.summary(before, now), before
-            )
-            after, changed = before, False
-            for change in decided["changes"]:
-                after, done = rollout.apply(after, change["action"], change, now, actor)
-                changed = changed or done
         else:
             after, changed = rollout.apply(before, action, params, now, actor)
     events = []
@@ -107,8 +91,6 @@ def run(params, check_mode):
     }
     if note is not None:
         result["note"] = note
-    if decided is not None:
-        result["step"] = decided
     result["events"] = events
     if events:
         result["notifications"] = notify.hand_off(records.store)

@@ -2,7 +2,7 @@
 # Apache License 2.0 (see LICENSE)
 """What a wave of the canary does next, at each point where a run decides.
 
-canary.yml decides at six points of a wave: when it reads the wave's record, when a person
+The canary decides at six points of a wave: when it reads the wave's record, when a person
 asked for something (canary_action), when the nodes read back the stage's weight, when their
 measured split is in, when a hold ends with the gates' decision, and when a stage ends. At
 each, a plain function of what the run knows there gives a step:
@@ -14,7 +14,9 @@ each, a plain function of what the run knows there gives a step:
 A person's resume or promote needs nothing more: once in the record, it gives the stage's
 gates a fresh history (canary_gate reads the record).
 
-The playbooks carry the step out in their order and decide nothing themselves.
+reconcile.py strings the steps together into canary_reconcile's one instruction, and the
+changes of every step a reconcile takes go to the wave's record in one write. The playbooks
+carry the instruction out and decide nothing themselves.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     traffic_split,
 )
 
-POINTS = ("wave", "request", "confirmed", "measured", "verdict", "stage_end")
 REQUESTS = ("run", "pause", "resume", "promote", "promote_full", "abort")
 # The wave's outcomes at which a run changes nothing more.
 STOPPED_OUTCOMES = ("paused", "rolled_back", "aborted")
@@ -310,38 +311,3 @@ def at_stage_end(hold_s, weight, pause_after_weight, wave_id, wave):
             ),
         )
     return step(changes)
-
-
-def decide(point, params, summary, record=None):
-    """The step at `point` from the module's parameters, the record's summary and (for the
-    read-back and the split) the record itself."""
-    if point == "confirmed":
-        return at_confirmed(record, params["reads"], params["routes"], params["wave"])
-    if point == "measured":
-        return at_measured(
-            record,
-            params["readbacks"],
-            params["reads"],
-            params["routes"],
-            params["split"],
-            params["wave"],
-        )
-    if point == "wave":
-        return at_wave(summary, params["wave_id"], params["wave"])
-    if point == "request":
-        return on_request(params["request"], params["wave_id"], params["wave"])
-    if point == "verdict":
-        return at_hold_end(
-            params["verdict"], params["wave_id"], params["wave"], params["stage"], params["weight"]
-        )
-    if point == "stage_end":
-        return at_stage_end(
-            params["hold_s"],
-            params["weight"],
-            params["pause_after_weight"],
-            params["wave_id"],
-            params["wave"],
-        )
-    raise FleetError(
-        "point must be one of %s; got %r" % (", ".join(POINTS), point), {"field": "point"}
-    )

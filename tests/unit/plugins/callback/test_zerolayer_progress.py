@@ -45,14 +45,14 @@ def state(plugin, record, seconds):
 
 
 def measured(plugin, record, split):
-    """The canary's step at point=measured, as rollout_state returns it."""
-    changes = [{"action": "split_measured", "splits": split}]
-    data = {
+    """The canary's reconcile that measured the split, as canary_reconcile returns it."""
+    wave = {
+        "wave": "wave_canary",
         "record": record,
         "summary": r.summary(record, at(0)),
-        "step": {"changes": changes, "halt": {}, "rollback": {}},
+        "changes": [{"action": "split_measured", "splits": split}],
     }
-    plugin.v2_runner_on_ok(result("rollout_state", data))
+    plugin.v2_runner_on_ok(result("canary_reconcile", {"waves": [wave]}))
 
 
 def final_report(plugin):

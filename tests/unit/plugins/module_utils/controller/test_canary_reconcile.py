@@ -7,6 +7,7 @@ scripted (a node's read-back, its measured split, the gates' decision, a rollbac
 import json
 
 import pytest
+from ansible_collections.zerolayer.fleet.plugins.module_utils.common import record_codec
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
 from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import canary_reconcile
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import reconcile
@@ -134,6 +135,28 @@ def test_a_run_goes_write_confirm_hold_stage_after_stage_wave_after_wave(tmp_pat
         ("hold", "wave_b"), ("write", "wave_b"), ("done", None)]  # fmt: skip
 
 
+def test_a_reconcile_writes_the_waves_record_once_whatever_it_changed(tmp_path, monkeypatch):
+    """The hold's verdict, the stage's end and the next stage's start: one write (one
+    compare-and-swap in the store), so no reader sees the verdict without the stage's end."""
+    run = Run(tmp_path)
+    run.step()
+    run.confirm()
+    writes = []
+    real_write = record_codec.write_record
+    monkeypatch.setattr(
+        record_codec,
+        "write_record",
+        lambda where, record: writes.append(where) or real_write(where, record),
+    )
+    written = run.step(verdict=verdict("complete"))
+    assert [change["action"] for change in written["waves"][-1]["changes"]] == [
+        "verdict", "stage_completed", "stage_started"]  # fmt: skip
+    assert writes == [str(tmp_path / "r1" / "wave_a.json")]
+    kept = run.record("wave_a")
+    assert kept["verdicts"][-1]["decision"] == "complete"
+    assert (kept["stage"]["index"], kept["stage"]["status"]) == (1, "started")
+
+
 def test_a_rerun_of_a_completed_rollout_changes_nothing_and_is_done_at_once(tmp_path):
     run = Run(tmp_path)
     run.step()
@@ -166,12 +189,17 @@ def test_a_split_off_the_weight_stops_before_the_hold(tmp_path):
     split = {"min_connections": 100, "sigmas": 4, "floor_pct": 0.5, "wait_s": 10, "poll_s": 2}
     run = Run(tmp_path, split=split)
     run.step()
-    run.confirm()
+    run.step(readbacks={"n1": [route(500, generation=3)]})
     stop = run.step(split_reads={"n1": [route(500, counters={"lookups": 1000, "to_engine": 500})]})
     assert stop["kind"] == "stop" and stop["halt"]["kind"] == "split_off"
     assert stop["halt"]["failed"] is True
     assert "Measured split not confirmed at stage 1 of wave wave_a" in stop["halt"]["message"]
-    assert run.record("wave_a")["stage"]["status"] == "started"
+    kept = run.record("wave_a")
+    assert kept["stage"]["status"] == "started"
+    # The stop keeps what the nodes said for whoever looks: the read-back and the split.
+    assert kept["nodes"]["n1"]["generation"] == 3
+    assert kept["splits"]["0"]["n1"]["ok"] is False
+    assert kept["splits"]["0"]["n1"]["measured_pct"] == 50.0
 
 
 # ---------------------------------------------------------------- stops

@@ -437,17 +437,6 @@ def params(path, action, **extra):
             "reason",
             "details",
             "record",
-            # action=step (tests/unit/plugins/module_utils/rollout/test_rollout_steps.py)
-            "point",
-            "request",
-            "wave",
-            "wave_id",
-            "weight",
-            "hold_s",
-            "reads",
-            "readbacks",
-            "routes",
-            "split",
         )
     }
     values.update(
@@ -456,7 +445,6 @@ def params(path, action, **extra):
             "action": action,
             "restart": False,
             "actor": ME,
-            "pause_after_weight": 0,
         }
     )
     values.update(extra)

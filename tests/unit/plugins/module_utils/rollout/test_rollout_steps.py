@@ -1,18 +1,14 @@
-"""Every transition of the rollout's state machine (module_utils/rollout/rollout_steps.py), and the
-module's action=step making a step's record changes in one write."""
+"""Every transition of the rollout's state machine (module_utils/rollout/rollout_steps.py). The
+canary's reconcile strings them together and writes their changes (test_canary_reconcile.py)."""
 
 import datetime
-import json
 
 import pytest
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors import FleetError
-from ansible_collections.zerolayer.fleet.plugins.module_utils.controller import record_change
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import rollout
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout import (
     rollout_steps as s,
 )
-
-from .test_rollout import params as rollout_params
 
 WAVE = "canary"
 WAVE_ID = "r1:canary"
@@ -274,103 +270,3 @@ def test_a_node_confirmed_earlier_and_left_out_of_this_run_stops_it():
     record["nodes"]["n3"]["stage"] = -1
     halt = s.at_confirmed(record, {"n1": [read()]}, ["chat"], WAVE)["halt"]
     assert halt["kind"] == "lagging" and "read back: n3 not read by this run." in halt["message"]
-
-
-def test_an_unknown_point_names_the_field():
-    with pytest.raises(FleetError) as caught:
-        s.decide("hold", {}, None)
-    assert caught.value.details["field"] == "point"
-
-
-# ---------------------------------------------------------------- the module's action=step
-
-
-def params(path, action, **extra):
-    return rollout_params(path, action, wave=WAVE, wave_id=WAVE_ID, **extra)
-
-
-def holding_record(path):
-    schedule = [{"weight": 5, "hold": 600}, {"weight": 100, "hold": 0}]
-    record_change.run(params(path, "plan", rollout_id=WAVE_ID, schedule=schedule), False)
-    record_change.run(params(path, "stage_started", stage=0), False)
-    record_change.run(params(path, "hold_started"), False)
-
-
-def test_the_module_makes_a_steps_changes_in_one_write(tmp_path, monkeypatch):
-    path = tmp_path / "canary.json"
-    holding_record(path)
-    writes = []
-    real_write = record_change.record_codec.write_record
-    monkeypatch.setattr(
-        record_change.record_codec,
-        "write_record",
-        lambda where, record: writes.append(record) or real_write(where, record),
-    )
-    result = record_change.run(
-        params(path, "step", point="verdict", verdict=verdict("complete"), stage=0, weight=5),
-        False,
-    )
-    assert result["changed"] and len(writes) == 1
-    assert [change["action"] for change in result["step"]["changes"]] == [
-        "verdict",
-        "stage_completed",
-    ]
-    kept = json.loads(path.read_text())
-    assert kept["stage"]["status"] == "completed"
-    assert kept["verdicts"][-1]["decision"] == "complete"
-
-
-def test_the_module_in_check_mode_decides_and_writes_nothing(tmp_path):
-    path = tmp_path / "canary.json"
-    holding_record(path)
-    before = path.read_text()
-    result = record_change.run(params(path, "step", point="request", request="pause"), True)
-    assert result["changed"] and result["step"]["halt"]["kind"] == "paused"
-    assert path.read_text() == before
-
-
-def test_the_module_reads_the_wave_and_changes_nothing_when_it_carries_on(tmp_path):
-    path = tmp_path / "canary.json"
-    holding_record(path)
-    before = path.read_text()
-    result = record_change.run(params(path, "step", point="wave"), False)
-    assert not result["changed"] and result["step"] == s.step()
-    assert result["resume"]["stage"] == 0
-    assert path.read_text() == before
-
-
-def test_a_step_needs_a_record(tmp_path):
-    with pytest.raises(FleetError) as caught:
-        record_change.run(params(tmp_path / "none.json", "step", point="wave"), False)
-    assert caught.value.details["field"] == "action"
-
-
-def test_the_module_records_the_read_back_and_the_split_each_in_one_write(tmp_path):
-    """point=confirmed then point=measured on a record file: the record keeps each node's
-    confirmation and measured split; a split off stops the run, naming the node."""
-    path = tmp_path / "canary.json"
-    holding_record(path)
-    readbacks = {"n1": [dict(read(), counters={"lookups": 0, "to_engine": 0})]}
-    confirmed = record_change.run(
-        params(path, "step", point="confirmed", reads=readbacks, routes=["chat"]), False
-    )
-    assert confirmed["changed"] and confirmed["step"]["halt"] == {}
-    assert json.loads(path.read_text())["nodes"]["n1"]["generation"] == 3
-    after = {"n1": [dict(read(), counters={"lookups": 1000, "to_engine": 300})]}
-    split = {"min_connections": 100, "sigmas": 4, "floor_pct": 0.5, "wait_s": 30}
-    measured = record_change.run(
-        params(
-            path,
-            "step",
-            point="measured",
-            readbacks=readbacks,
-            reads=after,
-            routes=["chat"],
-            split=split,
-        ),
-        False,
-    )
-    assert measured["step"]["halt"]["kind"] == "split_off", measured["step"]
-    kept = json.loads(path.read_text())
-    assert kept["splits"]["0"]["n1"]["ok"] is False
-    assert kept["splits"]["0"]["n1"]["measured_pct"] == 30.0
