@@ -201,17 +201,24 @@ class Clock:
         self.now += seconds
 
 
-def scripted_rounds(monkeypatch, *answers):
-    """_send_round answers each round as scripted: a count of events sent, or an error."""
-    answers = list(answers)
+class ScriptedRounds:
+    """_send_round answering each round as scripted: a count of events sent, or an error;
+    0 once the script is over."""
 
-    def send_round(_store, _lease, _post, _sleep):
-        answer = answers.pop(0) if answers else 0
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def __call__(self, _store, _lease, _post, _sleep):
+        if not self.answers:
+            return 0
+        answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(notify, "_send_round", send_round)
+
+def scripted_rounds(monkeypatch, *answers):
+    monkeypatch.setattr(notify, "_send_round", ScriptedRounds(answers))
     monkeypatch.setattr(notify, "anything_pending", lambda _store: False)
 
 
