@@ -49,6 +49,9 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollback_c
     node_confirmations,
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
+    ARGUMENT_SPEC as FENCE_ARGUMENT_SPEC,
+)
+from ansible_collections.zerolayer.fleet.plugins.module_utils.rollout.rollout_fence_core import (
     fence_call,
     wait_acks,
 )
@@ -90,8 +93,10 @@ def default_report_path(mode, now=time.time, environ=None):
 
 
 def _fence_params(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch=None):
-    params = dict(store_settings)
-    params.setdefault("prefix", None)
+    """rollout_fence's parameters for this rollback: the module's defaults (so an option
+    added there has its value here too), the store's settings, then the rollback's own."""
+    params = {name: spec.get("default") for name, spec in FENCE_ARGUMENT_SPEC.items()}
+    params.update(store_settings)
     params["timeout"] = STORE_TIMEOUT_S
     params.update(
         action="raise" if epoch is None else "wait_acks",

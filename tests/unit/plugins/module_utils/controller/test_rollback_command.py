@@ -51,3 +51,27 @@ def test_the_command_waits_for_the_store_as_long_as_the_playbook_does():
     playbook_default = re.search(r"rollout_store_rollback_timeout \| default\((\d+)\)", raise_fence)
     assert playbook_default, "raise_fence.yml no longer names its store timeout's default"
     assert rollback_command.STORE_TIMEOUT_S == float(playbook_default.group(1))
+
+
+def test_the_command_without_a_store_pushes_every_node_and_asks_no_store():
+    counted = rollback_command.raise_and_count({}, "fast", ["n1", "n2"], "page", "sre", 2.0)
+    assert counted["lagging"] == ["n1", "n2"] and counted["store_updated"] is False
+
+
+def test_the_command_gives_the_fence_core_every_option_it_reads(monkeypatch):
+    """The command calls rollout_fence's core with parameters of its own making: each option
+    of the module is there (an option added to the module has its default here), and the
+    rollback's own settings win over the store's."""
+    seen = {}
+
+    def fence_call(params):
+        seen.update(params)
+        return {"store_updated": False, "fence": None}
+
+    monkeypatch.setattr(rollback_command, "fence_call", fence_call)
+    store = {"endpoints": ["https://127.0.0.1:2379"], "timeout": 30.0, "prefix": "/zl/"}
+    rollback_command.raise_and_count(store, "deep", ["n1"], "page", "sre", 5.0)
+    assert set(rollback_command.FENCE_ARGUMENT_SPEC) <= set(seen)
+    assert seen["catch_up_to"] is None and seen["at_least"] == 0
+    assert (seen["action"], seen["rollback_mode"], seen["wait_s"]) == ("raise", "deep", 5.0)
+    assert (seen["prefix"], seen["timeout"]) == ("/zl/", rollback_command.STORE_TIMEOUT_S)
