@@ -55,22 +55,28 @@ def test_the_fence_starts_at_zero_and_each_raise_goes_one_up(store):
     assert kept["epoch"] == 8 and kept["reason"] == "nodes fenced alone"
 
 
-def catch_up(store, etcd_url, **overrides):
+def catch_up(store, etcd_url, check_mode=False, **overrides):
     """rollout_fence raise with catch_up_to, as canary.yml calls it, on this test's store."""
     given = {name: spec.get("default") for name, spec in FENCE_SPEC.items()}
     given.update(endpoints=[etcd_url], prefix=store.prefix, timeout=3.0, action="raise")
     given.update(rollback_mode="catch_up", reason="nodes fenced alone", require_store=True)
     given.update(overrides)
-    return fence_call(given)
+    return fence_call(given, check_mode)
 
 
 def test_a_catch_up_brings_the_store_to_the_nodes_epoch_and_never_past_it(store, etcd_url):
     store.raise_fence("fast", "p99 page", "sre@ctl")
+    checked = catch_up(store, etcd_url, check_mode=True, catch_up_to=5)
+    assert checked["changed"] and checked["fence"]["epoch"] == 5, checked
+    assert store.fence()["epoch"] == 1, "check mode writes nothing"
     caught_up = catch_up(store, etcd_url, catch_up_to=5)
     assert caught_up["changed"] and caught_up["fence"]["epoch"] == 5, caught_up
     assert store.fence()["action"] == "catch_up"
     again = catch_up(store, etcd_url, catch_up_to=5)
     assert not again["changed"] and not again["store_updated"], again
+    assert again["fence"]["epoch"] == 5, again
+    assert not catch_up(store, etcd_url, check_mode=True, catch_up_to=5)["changed"]
+    assert store.raise_fence("catch_up", "again", "t", catch_up_to=4) is None
     assert catch_up(store, etcd_url, catch_up_to=3)["fence"]["epoch"] == 5
     assert store.fence()["epoch"] == 5, "a store already at or above the nodes is left as it is"
 

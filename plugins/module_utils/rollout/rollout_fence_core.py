@@ -22,6 +22,7 @@ from ansible_collections.zerolayer.fleet.plugins.module_utils.common.errors impo
 )
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.rollout_store import (
     FENCE_ACTIONS,
+    next_epoch,
     read_presence,
     store_failure,
     store_from_params,
@@ -76,21 +77,23 @@ def fence_call(params, check_mode=False, diff=False):
         before = store.fence()
         if params["action"] == "read":
             return {"changed": False, "fence": before, "store_updated": False}
-        if params["catch_up_to"] is not None and before["epoch"] >= params["catch_up_to"]:
-            # The store already holds what the nodes have seen: nothing to catch up.
-            return {"changed": False, "fence": before, "store_updated": False}
-        at_least = (
-            params["at_least"] if params["catch_up_to"] is None else params["catch_up_to"] - 1
-        )
         counting = bool(params["nodes"]) and params["wait_s"] > 0 and not check_mode
         present = None
         if check_mode:
-            after = dict(before, epoch=max(before["epoch"], at_least) + 1)
+            epoch = next_epoch(before["epoch"], params["at_least"], params["catch_up_to"])
+            after = None if epoch is None else dict(before, epoch=epoch)
         else:
             after = store.raise_fence(
-                params["rollback_mode"], params["reason"], actor, at_least, presence=counting
-            )
-            present = after.pop("present", None)
+                params["rollback_mode"], params["reason"], actor, params["at_least"],
+                presence=counting, catch_up_to=params["catch_up_to"],
+            )  # fmt: skip
+            if after is None:
+                before = store.fence()
+            else:
+                present = after.pop("present", None)
+        if after is None:
+            # A catch-up to where the store already is: nothing written.
+            return {"changed": False, "fence": before, "store_updated": False}
     except MODULE_FAILURES as exc:
         if params["action"] == "read" or params["require_store"]:
             raise

@@ -224,6 +224,14 @@ def read_presence(store):
         return None
 
 
+def next_epoch(current, at_least=0, catch_up_to=None):
+    """The epoch a raise writes over the store's current one: above both it and at_least;
+    for a catch-up exactly catch_up_to, or None (nothing to write) when current is there."""
+    if catch_up_to is None:
+        return max(current, at_least) + 1
+    return catch_up_to if current < catch_up_to else None
+
+
 class RolloutStore:
     def __init__(self, client, prefix=DEFAULT_PREFIX):
         if not prefix.startswith("/") or not prefix.endswith("/"):
@@ -252,11 +260,15 @@ class RolloutStore:
         fence["mod_revision"] = kv.mod_revision
         return fence
 
-    def raise_fence(self, action, reason, actor, at_least=0, presence=False):
+    def raise_fence(self, action, reason, actor, at_least=0, presence=False, catch_up_to=None):
         """One compare-and-swap: epoch = max(current, at_least) + 1. Returns the new fence.
 
         at_least lets a rollback that had to fence the nodes without the store (their own
         epoch + 1) bring the store above what the nodes saw once it is back.
+
+        catch_up_to (a catch-up's nodes' epoch) makes the epoch exactly that, or writes
+        nothing and returns None when the store holds it already: next_epoch() decides, on
+        the read the compare-and-swap checks.
 
         presence: the fence also gets key "present", the sorted nodes whose watcher kept its
         presence key at the revision of the raise (read in the same transaction, so no
@@ -276,8 +288,11 @@ class RolloutStore:
             )
         for _attempt in range(CAS_ATTEMPTS):
             current = self.fence()
+            epoch = next_epoch(current["epoch"], at_least, catch_up_to)
+            if epoch is None:
+                return None
             raised = {
-                "epoch": max(current["epoch"], at_least) + 1,
+                "epoch": epoch,
                 "action": action,
                 "reason": reason,
                 "actor": actor,

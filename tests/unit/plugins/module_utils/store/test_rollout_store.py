@@ -7,6 +7,7 @@ Prometheus'."""
 
 import pathlib
 
+import pytest
 import yaml
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store import rollout_store
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import DEFAULT_TIMEOUT_S
@@ -65,3 +66,19 @@ def test_the_rollback_keeps_its_own_shorter_wait_under_the_groups():
     arguments = raise_task["zerolayer.fleet.rollout_fence"]
     assert "rollout_store_rollback_timeout" in arguments["store_timeout"]
     assert "timeout" not in arguments
+
+
+@pytest.mark.parametrize(
+    ("current", "at_least", "catch_up_to", "expected"),
+    [
+        (3, 0, None, 4),
+        (3, 7, None, 8),
+        (3, 0, 5, 5),
+        (5, 0, 5, None),
+        (6, 0, 5, None),
+    ],
+)
+def test_a_raise_goes_above_both_and_a_catch_up_to_exactly_the_nodes_epoch(
+    current, at_least, catch_up_to, expected
+):
+    assert rollout_store.next_epoch(current, at_least, catch_up_to) == expected
