@@ -23,8 +23,6 @@ import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 COLLECTIONS_PATH = os.path.join(REPO, ".collections")
-if COLLECTIONS_PATH not in sys.path:
-    sys.path.insert(0, COLLECTIONS_PATH)
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.process_clock import (  # noqa: E402
     stat_fields,

@@ -1,15 +1,10 @@
-"""Integration tests import the collection through the checkout's collections path."""
+"""Integration tests import the collection through the checkout's collections path
+(tests/conftest.py puts it on sys.path)."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-COLLECTIONS_PATH = os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
-if os.path.abspath(COLLECTIONS_PATH) not in sys.path:
-    sys.path.insert(0, os.path.abspath(COLLECTIONS_PATH))
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,12 @@
 """Fixtures for the monitoring tests: promtool, and a real Prometheus over the recorded fleets."""
 
 import shutil
-import sys
 import time
 
 import pytest
 from prometheus_process import PROMETHEUS
-from promql_names import COLLECTIONS_PATH, recorded_names
+from promql_names import recorded_names
 from recorded_fleet import RecordedPrometheus
-
-# The collection, for the tests that run its module_utils (the gates).
-if str(COLLECTIONS_PATH) not in sys.path:
-    sys.path.insert(0, str(COLLECTIONS_PATH))
 
 
 @pytest.fixture(scope="session")

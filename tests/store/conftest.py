@@ -2,15 +2,12 @@
 once per worker, ended by its process group, always."""
 
 import os
-import sys
 
 import pytest
 
 COLLECTIONS_PATH = os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
 )
-if COLLECTIONS_PATH not in sys.path:
-    sys.path.insert(0, COLLECTIONS_PATH)
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.store.etcd_v3 import (  # noqa: E402
     EtcdClient,

@@ -1,4 +1,5 @@
-"""Unit tests import the collection through the checkout's collections path.
+"""Unit tests import the collection through the checkout's collections path, which
+tests/conftest.py puts on sys.path for every test folder.
 
 tests/unit mirrors the collection: a plugin's test lies at tests/unit/<the plugin's folder>/
 test_<name>.py, a role's at tests/unit/roles/<role>/ (test_layout.py holds the tree to it,
@@ -10,10 +11,3 @@ name in two folders (a module's and its module_utils') do not collide.
 imports its neighbours. The shared helpers are the package unit.helpers: tests/ is on
 sys.path, where pytest puts the root of these packages (and of tests/conftest.py).
 """
-
-import os
-import sys
-
-COLLECTIONS_PATH = os.path.join(os.path.dirname(__file__), "..", "..", ".collections")
-if os.path.abspath(COLLECTIONS_PATH) not in sys.path:
-    sys.path.insert(0, os.path.abspath(COLLECTIONS_PATH))
