@@ -22,13 +22,13 @@ TWO_WAVES = json.dumps(
     {
         "canary_waves": ["wave_canary", "wave_rest"],
         "canary_schedule": [
-            {"weight": 1, "hold": 10},
-            {"weight": 5, "hold": 10},
-            {"weight": 20, "hold": 10},
+            {"weight": 1, "hold": 5},
+            {"weight": 5, "hold": 5},
+            {"weight": 20, "hold": 5},
             {"weight": 100, "hold": 0},
         ],
         "canary_wave_schedules": {
-            "wave_rest": [{"weight": 20, "hold": 10}, {"weight": 100, "hold": 0}]
+            "wave_rest": [{"weight": 20, "hold": 5}, {"weight": 100, "hold": 0}]
         },
     }
 )
@@ -94,8 +94,8 @@ def test_bad_schedule_or_gates_change_nothing(fleet, records, baseline):
 def test_a_split_without_traffic_stops_the_run_before_the_hold_and_reports_why(
     fleet, records, baseline
 ):
-    """No load and a split check that wants 100 new connections in 2 s: the read-back passes,
-    the split does not, and the run stops the way a pause does: the split is in the record,
+    """No load and a split check that wants 40 new connections a node in 2 s: the read-back
+    passes, the split does not, and the run stops the way a pause does: the split is in the record,
     no hold started, the next wave is untouched, the rollout's report names the stop, and
     the run fails with the message naming the nodes."""
     run = fleet.canary("no-split", records, "-e", TWO_WAVES, "-e", "canary_split_wait=2")
@@ -273,7 +273,8 @@ def in_hold_everywhere(fleet, records, rollout_id, wave, stage):
 
 
 def test_interrupted_run_resumes_with_the_remaining_hold(fleet, records, baseline, load):
-    hold_s = 40
+    # The second run keeps the first run's hold start whether or not any of the hold is left.
+    hold_s = 25
     schedule = json.dumps(
         {"canary_schedule": [{"weight": 5, "hold": hold_s}, {"weight": 100, "hold": 0}]}
     )

@@ -30,6 +30,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import yaml
 from fleet_groups import SECOND_FLEET
 from vllm_engine import ENGINE_PORT, MODEL_DIR, PYTHON_ON_NODE, vllm_entry, write_overlay
 
@@ -38,6 +39,8 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.xdist_group(SECOND_FLEET)]
 REPO = Path(__file__).resolve().parents[2]
 SDK_CLIENT = Path(__file__).resolve().parent / "openai_sdk_client.py"
 DRILL_VARS = Path(__file__).resolve().parent / "drill_vars.yml"
+# The new connections a node must have seen before its split is judged, the cohort's too.
+SPLIT_FLOOR = yaml.safe_load(DRILL_VARS.read_text())["canary_split_min_connections"]
 UNIT = "zerolayer-engine-chat.service"
 SERVICE_PORT = 8000
 WORK_ON_NODE = "/run/zerolayer-vllm-test"
@@ -291,7 +294,21 @@ def test_the_canary_with_the_default_gates_rolls_vllm_to_full_weight(
             "-e",
             "canary_rollout_id=vllm-canary",
             "-e",
-            json.dumps({"canary_waves": ["gpu_nodes"]}),
+            # The sandbox's schedule with holds of 10 s instead of 20 (each gate still decides
+            # five times or so a stage, on 20 s windows) and the drill's split floor of 40
+            # new connections a node (tests/playbooks/drill_vars.yml).
+            json.dumps(
+                {
+                    "canary_waves": ["gpu_nodes"],
+                    "canary_split_min_connections": 40,
+                    "canary_schedule": [
+                        {"weight": 1, "hold": 10},
+                        {"weight": 5, "hold": 10},
+                        {"weight": 20, "hold": 10},
+                        {"weight": 100, "hold": 0},
+                    ],
+                }
+            ),
             # vLLM on CPU shares this 2-core machine with the nodes, the controller and the
             # load client: a stage's first window holds its own weight writes and split reads
             # on the vLLM node, and its p99 to the first token came out 1.6-1.7 times the
@@ -459,7 +476,7 @@ def test_the_drill_loses_no_request_and_reports_both_rollbacks(fleet, vllm_node,
     assert sorted(cohort_splits) == fleet.nodes
     for each, split in cohort_splits.items():
         assert split["ok"] and split["cohort"], (each, split)
-        assert split["opt_in"] >= 100 and split["to_engine"] == 0, (each, split)
+        assert split["opt_in"] >= SPLIT_FLOOR and split["to_engine"] == 0, (each, split)
     for each in fleet.nodes:
         for route in fleet.show(each)["routes"]:
             assert route["always_direct"] == [] and not route["opt_in"], (each, route)
