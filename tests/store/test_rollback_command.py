@@ -11,6 +11,7 @@ records and the event, and the exit status.
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -33,6 +34,8 @@ epoch=null
 routes='[{"route": "chat", "weight_bp": 0}]'
 echo '{"rolled_back": true, "fence_epoch": '"$epoch"', "elapsed_ms": 1, "routes": '"$routes"'}'
 """
+# The same, noting when it ran after its arguments.
+ROUTECTL_TIMED = ROUTECTL_OK.replace('echo "$@" >>', 'echo "$@ $(date +%s.%N)" >>')
 ROUTECTL_FAILS = """#!/bin/sh
 echo "$@" >> "$0.calls"
 echo "zerolayer-routectl: the router's pins are gone (test)" >&2
@@ -42,13 +45,15 @@ exit 1
 
 @pytest.fixture
 def fleet_files(tmp_path):
-    """An inventory of local nodes with their zerolayer-routectl doubles: nodes(name=ok|fails)."""
+    """An inventory of local nodes with their zerolayer-routectl doubles:
+    nodes(name=ok|timed|fails)."""
+    doubles = {"ok": ROUTECTL_OK, "timed": ROUTECTL_TIMED, "fails": ROUTECTL_FAILS}
 
     def nodes(**kinds):
         lines = ["[gpu_nodes]"]
         for node, kind in kinds.items():
             script = tmp_path / ("routectl-%s" % node)
-            script.write_text(ROUTECTL_OK if kind == "ok" else ROUTECTL_FAILS)
+            script.write_text(doubles[kind])
             script.chmod(0o755)
             lines.append("%s ansible_connection=local rollback_routectl=%s" % (node, script))
         inventory = tmp_path / "inventory.ini"
@@ -94,6 +99,7 @@ def test_the_watching_node_confirms_and_only_the_silent_one_is_pushed(
     assert said["fence_epoch"] == 1 and store.fence()["epoch"] == 1, said
     assert said["confirmed_by_watcher"] == ["n-up"] and said["pushed"] == ["n-down"], said
     assert said["watchers_absent"] == ["n-down"], said
+    assert said["pushed_with_the_count"] == ["n-down"], said
     # The count did not wait for the absent watcher (it waits up to 20 s for the present).
     assert said["count_waited_s"] < 5, said
     assert calls(tmp_path, "n-up") == [], "a node its watcher confirmed is not pushed"
@@ -107,6 +113,34 @@ def test_the_watching_node_confirms_and_only_the_silent_one_is_pushed(
     assert len(events) == 1 and events[0]["detail"]["nodes_confirmed"] == 2, events
     assert said["records"]["event_stored"] and said["records"]["error"] is None, said
     up.stop()
+
+
+def test_a_node_without_presence_is_pushed_while_the_count_still_waits_for_a_present_one(
+    store, etcd_url, watchers, fleet_files, tmp_path
+):
+    """A watcher that is present at the raise but stopped (SIGSTOP) keeps the count waiting
+    for all of --ack-wait; the node without a watcher is pushed meanwhile, not after."""
+    stuck = watchers("n-stuck").start()
+    wait_until(lambda: presence_of(store, "n-stuck"), "n-stuck's presence")
+    inventory = fleet_files(**{"n-stuck": "timed", "n-down": "timed"})
+    os.killpg(stuck.proc.pid, signal.SIGSTOP)
+    try:
+        status, said, err = zerolayer(
+            etcd_url, store, tmp_path, "rollback", "-i", str(inventory), "--ack-wait", "8",
+            "--report", str(tmp_path / "r.json"),
+        )  # fmt: skip
+    finally:
+        os.killpg(stuck.proc.pid, signal.SIGCONT)
+    assert status == 0, (said, err)
+    assert said["watchers_absent"] == ["n-down"] and said["count_waited_s"] >= 7.9, said
+    assert said["pushed_with_the_count"] == ["n-down"], said
+    assert sorted(said["pushed"]) == ["n-down", "n-stuck"], said
+    # n-down's zerolayer-routectl ran before the count gave up on n-stuck.
+    fenced_at = store.fence()["at_unix"]
+    pushed_at = float(calls(tmp_path, "n-down")[0].split()[-1])
+    assert pushed_at < fenced_at + said["count_waited_s"], (pushed_at, fenced_at, said)
+    assert calls(tmp_path, "n-stuck")[0].startswith("rollback --epoch 1 ")
+    stuck.stop()
 
 
 def test_a_node_not_confirmed_fails_the_command_and_the_others_are_still_rolled_back(

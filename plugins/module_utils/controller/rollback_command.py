@@ -13,9 +13,10 @@ runs in one Python process, in this order:
    ansible-core's own inventory code, so the same plugins and groups as a playbook sees);
 2. the fence raised in the rollout store and the acknowledgements counted, by the same core
    as rollback.yml's first task (rollout_fence_core): watchers without presence are not
-   waited for;
-3. ansible-playbook started only where some node did not confirm, with the rollback's own
-   push plays (rollback_push.yml), sharded as rollback.yml shards them;
+   waited for, and their nodes are pushed at once, in a thread beside the count, since the
+   raise's own read of presence says that nothing on them can acknowledge;
+3. ansible-playbook started where some node did not confirm, with the rollback's own push
+   plays (rollback_push.yml), sharded as rollback.yml shards them;
 4. after the last confirmation, the report, the records the fence superseded marked rolled
    back in the store, and the event, in process (tens of milliseconds).
 
@@ -29,6 +30,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
@@ -113,19 +115,20 @@ def _fence_params(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch=
     return params
 
 
-def raise_and_count(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch=None):
+def raise_and_count(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch=None,
+                    on_absent=None):  # fmt: skip
     """rollout_fence's raise (epoch None) or, for a fence an abort raised, its count: the
     fence, who acknowledged, who lags, whose watcher was absent. A store that fails in any
     way leaves every node lagging (each gets the push); so do no store configured and a
-    wait of 0."""
+    wait of 0. on_absent(epoch, nodes): see rollout_fence_core.fence_call."""
     if not store_settings.get("endpoints"):
         return {"fence": None, "store_updated": False, "acked": {}, "lagging": list(nodes),
                 "store_error": "no rollout store configured", "absent": None}  # fmt: skip
     params = _fence_params(store_settings, mode, nodes, reason, actor, ack_wait_s, epoch)
     if epoch is None:
-        result = fence_call(params)
+        result = fence_call(params, on_absent=on_absent)
     else:
-        result = dict(wait_acks(params), fence={"epoch": epoch}, store_updated=True)
+        result = dict(wait_acks(params, on_absent), fence={"epoch": epoch}, store_updated=True)
     if not result.get("store_updated") or "lagging" not in result:
         # Not counted (the store failed, or no wait was asked): every node gets the push.
         result.update(acked={}, lagging=list(nodes))
@@ -156,6 +159,40 @@ def push(nodes, mode, epoch, reason, inventories, processes=0, env=None):
         PUSH_TIMEOUT_S,
         env=env,
     )
+
+
+class AbsentPush:
+    """The push to the nodes whose watcher kept no presence at the raise, run in a thread of
+    its own as soon as the raise names them, beside the count that cannot hear from them.
+    push_nodes(nodes, epoch) -> ({node: confirmation}, [per-shard summary])."""
+
+    def __init__(self, push_nodes):
+        self.push_nodes = push_nodes
+        self.nodes = []
+        self.started_at = None
+        self._thread = None
+        self._outcome = ({}, [])
+        self._error = None
+
+    def start(self, epoch, nodes):
+        self.nodes = list(nodes)
+        self.started_at = time.time()
+        self._thread = threading.Thread(target=self._run, args=(epoch,), daemon=True)
+        self._thread.start()
+
+    def _run(self, epoch):
+        try:
+            self._outcome = self.push_nodes(self.nodes, epoch)
+        except Exception as exc:  # raised again in the caller's thread, by wait()
+            self._error = exc
+
+    def wait(self):
+        """What the push confirmed, once it ended; its error raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._outcome
 
 
 def report(mode, reason, nodes, counted, pushed, shards, started_at, confirmed_at):
@@ -207,17 +244,29 @@ def roll_back(store_settings, nodes, mode, reason, actor, inventories, started_a
         raise FleetError(
             "--ack-wait must be 0 or more seconds; got %r" % wait, {"field": "ack_wait"}
         )
-    counted = raise_and_count(store_settings, mode, nodes, reason, actor, wait, epoch)
+    absent = AbsentPush(
+        lambda absent_nodes, raised: push(absent_nodes, mode, raised, reason, inventories, env=env)
+    )
+    counted = raise_and_count(store_settings, mode, nodes, reason, actor, wait, epoch,
+                              on_absent=absent.start)  # fmt: skip
     fence_epoch = None
     if counted.get("store_updated"):
         fence_epoch = (counted.get("fence") or {}).get("epoch")
-    lagging_set = set(counted.get("lagging") or [])
+    lagging_set = set(counted.get("lagging") or []) - set(absent.nodes)
     lagging = [node for node in nodes if node in lagging_set]
     pushed, shards = push(lagging, mode, fence_epoch, reason, inventories, env=env)
-    # With no node lagging, the rollback ended when the count saw the last acknowledgement.
-    confirmed_at = counted.get("ended_at_unix") if not lagging else None
-    return report(mode, reason, nodes, counted, pushed, shards, started_at,
-                  confirmed_at or clock())  # fmt: skip
+    pushed_at_once, shards_at_once = absent.wait()
+    pushed = dict(pushed_at_once, **pushed)
+    # With no node pushed, the rollback ended when the count saw the last acknowledgement.
+    confirmed_at = counted.get("ended_at_unix") if not (lagging or absent.nodes) else None
+    result = report(mode, reason, nodes, counted, pushed, shards_at_once + shards, started_at,
+                    confirmed_at or clock())  # fmt: skip
+    # The nodes pushed beside the count, and when that push started after the command's.
+    result["pushed_with_the_count"] = list(absent.nodes)
+    result["push_with_the_count_started_s"] = (
+        round(absent.started_at - started_at, 3) if absent.started_at is not None else None
+    )
+    return result
 
 
 def write_report(result, path):
@@ -282,6 +331,10 @@ def summary_line(result):
             "within" if result["within_budget"] else "OVER",
             len(result["confirmed_by_watcher"]), len(result["pushed"]),
         )  # fmt: skip
+    if result.get("pushed_with_the_count"):
+        line += " (%d of them beside the count: no watcher present)" % len(
+            result["pushed_with_the_count"]
+        )
     if not result["store_updated"]:
         line += "; the store was not updated (%s): each node took its own fence" % (
             result["store_error"] or "no answer"

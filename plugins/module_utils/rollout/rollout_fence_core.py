@@ -48,8 +48,12 @@ REQUIRED_IF = [("action", "wait_acks", ["epoch"]), ("action", "wait_direct", ["e
 DIRECT_POLL_S = 0.1
 
 
-def fence_call(params, check_mode=False, diff=False):
+def fence_call(params, check_mode=False, diff=False, on_absent=None):
     """The result of one call with validated params; FleetError when it fails.
+
+    on_absent(epoch, nodes): called after the raise and before the count with the nodes
+    asked whose watcher keeps no presence (none to call it for: not called), so that a
+    caller can push them at once, beside the count that cannot hear from them.
 
     A store that fails read, of any kind, fails the call (a canary must not start or
     advance then). raise reports every store failure (store_updated false, store_error and
@@ -101,6 +105,7 @@ def fence_call(params, check_mode=False, diff=False):
     result = {"changed": True, "fence": after, "store_updated": not check_mode}
     if counting:
         result["absent"] = absent_watchers(params["nodes"], present)
+        _tell_absent(on_absent, after["epoch"], result["absent"])
         result.update(count_acks_or_none(store, params, after["epoch"], enough_of(params, present)))
     if diff:
         result["diff"] = {"before": before, "after": after}
@@ -155,8 +160,9 @@ def wait_direct(params, clock=time.monotonic, sleep=time.sleep):
     return dict(failure, changed=False, direct=found, unreported=sorted(wanted - set(found)))
 
 
-def wait_acks(params):
-    """Count acknowledgements; never fails on the store (the caller pushes to the laggards)."""
+def wait_acks(params, on_absent=None):
+    """Count acknowledgements; never fails on the store (the caller pushes to the laggards).
+    on_absent: as fence_call's, called before the count."""
     _require_epoch_and_wait(params)
     try:
         store = store_from_params(params)
@@ -167,9 +173,15 @@ def wait_acks(params):
         present = read_presence(store)
     except MODULE_FAILURES:
         present = None
-    counted = count_acks_or_none(store, params, params["epoch"], enough_of(params, present))
     absent = absent_watchers(params["nodes"], present)
+    _tell_absent(on_absent, params["epoch"], absent)
+    counted = count_acks_or_none(store, params, params["epoch"], enough_of(params, present))
     return dict(counted, changed=False, absent=absent)
+
+
+def _tell_absent(on_absent, epoch, absent):
+    if on_absent is not None and absent:
+        on_absent(epoch, absent)
 
 
 def absent_watchers(nodes, present):
