@@ -26,11 +26,11 @@ fences itself one above its own epoch, as with rollback.yml.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import os
 import sys
-import threading
 import time
 
 from ansible_collections.zerolayer.fleet.plugins.module_utils.common.clock import (
@@ -170,29 +170,19 @@ class AbsentPush:
         self.push_nodes = push_nodes
         self.nodes = []
         self.started_at = None
-        self._thread = None
-        self._outcome = ({}, [])
-        self._error = None
+        self._future = None
 
     def start(self, epoch, nodes):
         self.nodes = list(nodes)
         self.started_at = time.time()
-        self._thread = threading.Thread(target=self._run, args=(epoch,), daemon=True)
-        self._thread.start()
-
-    def _run(self, epoch):
-        try:
-            self._outcome = self.push_nodes(self.nodes, epoch)
-        except Exception as exc:  # raised again in the caller's thread, by wait()
-            self._error = exc
+        beside = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self._future = beside.submit(self.push_nodes, self.nodes, epoch)
+        # The push still runs to its end; the thread goes with it.
+        beside.shutdown(wait=False)
 
     def wait(self):
         """What the push confirmed, once it ended; its error raised here."""
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._outcome
+        return self._future.result() if self._future is not None else ({}, [])
 
 
 def report(mode, reason, nodes, counted, pushed, shards, started_at, confirmed_at):
@@ -256,7 +246,7 @@ def roll_back(store_settings, nodes, mode, reason, actor, inventories, started_a
     lagging = [node for node in nodes if node in lagging_set]
     pushed, shards = push(lagging, mode, fence_epoch, reason, inventories, env=env)
     pushed_at_once, shards_at_once = absent.wait()
-    pushed = dict(pushed_at_once, **pushed)
+    pushed = {**pushed_at_once, **pushed}
     # With no node pushed, the rollback ended when the count saw the last acknowledgement.
     confirmed_at = counted.get("ended_at_unix") if not (lagging or absent.nodes) else None
     result = report(mode, reason, nodes, counted, pushed, shards_at_once + shards, started_at,
